@@ -1,0 +1,509 @@
+"""A cluster of workers from a notebook cell: ipyparallel engines (one process per worker)
+joined into one torch.distributed world, and optionally into Horovod.
+
+    with Cluster(n=4) as cluster:           # 4 local engines, gloo on CPU
+        cluster.run(lambda: dist.get_rank())  # -> [0, 1, 2, 3]
+
+Ranks are assigned here, explicitly, in order of (host, engine id): engine ids are
+ipyparallel's bookkeeping and are not ranks. Every wait has a deadline (`timeout`), and a
+worker that dies or hangs raises an error that names its rank. `stop()` (also run at
+interpreter exit, and by the engines themselves if the kernel is killed) leaves no
+process behind. Taught in `notebooks/00_getting_started.ipynb`.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import signal
+import time
+import warnings
+import weakref
+
+import ipyparallel as ipp
+import psutil
+
+from ddnb import worker_env
+
+MAX_LOCAL_WORKERS = 64
+BACKENDS = ("auto", "gloo", "nccl")
+_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+class ClusterError(RuntimeError):
+    """Something went wrong on one or more ranks."""
+
+
+class WorkerError(ClusterError):
+    """A function raised on a rank; the message holds the rank and its traceback."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(message)
+        self.rank = rank
+
+
+class WorkerLostError(ClusterError):
+    """A worker process died (killed, crashed, out of memory) while the cluster waited."""
+
+    def __init__(self, ranks: list[int], message: str):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class WorkerTimeoutError(ClusterError, TimeoutError):
+    """Ranks that did not answer within the cluster's timeout."""
+
+    def __init__(self, ranks: list[int], message: str):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@atexit.register
+def _stop_all():
+    for cluster in list(_live_clusters):
+        cluster.stop()
+
+
+def _choose_backend(backend: str, hosts: list[str], gpus: list[int]) -> tuple[str, str | None]:
+    """nccl when every worker can have a GPU of its own on its host, else gloo.
+    Returns (backend, message) where message explains a fallback."""
+    if backend == "gloo":
+        return "gloo", None
+    per_host = {h: hosts.count(h) for h in hosts}
+    gpus_on = dict(zip(hosts, gpus))
+    short = {h: (n, gpus_on[h]) for h, n in per_host.items() if gpus_on[h] < n}
+    if not short:
+        return "nccl", None
+    why = ", ".join(f"{h}: {n} workers but {g} GPU{'s' if g != 1 else ''}" for h, (n, g) in short.items())
+    if backend == "nccl":
+        raise ValueError(f"backend='nccl' needs one GPU per worker ({why}); use backend='gloo' or fewer workers")
+    if any(gpus):
+        return "gloo", f"fewer GPUs than workers ({why}): using gloo on CPU"
+    return "gloo", None
+
+
+class Cluster:
+    """N workers, each an ipyparallel engine that is one rank of a torch.distributed world.
+
+    Parameters
+    ----------
+    n : number of workers. With `profile`/`cluster_id`, the number of engines to use from
+        an already running ipcluster (None: all of them).
+    backend : "auto" (nccl with device cuda:local_rank when every worker has a GPU of its
+        own, else gloo on CPU), "gloo" or "nccl".
+    horovod : also initialize Horovod (over Gloo, without horovodrun) on the same workers.
+    timeout : seconds that any wait may take: engine start, process-group set-up, `run`,
+        and every collective on the workers.
+    profile, cluster_id : connect to an ipcluster started elsewhere (ssh, MPI, Slurm
+        engines) instead of starting local engines; `stop()` then leaves its engines running.
+    master_addr : address of rank 0 for the TCP rendezvous (default: 127.0.0.1 when every
+        worker is on this host, else rank 0's host name).
+    threads : intra-op threads per worker (default: cores / local workers, at least 1).
+    """
+
+    def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,
+                 timeout: float = 60, *, profile: str | None = None, cluster_id: str | None = None,
+                 master_addr: str | None = None, threads: int | None = None, start: bool = True):
+        self._connect = profile is not None or cluster_id is not None
+        _check_n(n, allow_none=self._connect)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if threads is not None and not (isinstance(threads, int) and threads >= 1):
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+        if horovod and not _horovod_available():
+            raise ValueError("horovod=True but Horovod with PyTorch is not installed "
+                             "(run `make lab` or scripts/install_horovod.sh)")
+        self.n, self.backend_requested, self.horovod = n, backend, horovod
+        self.timeout, self.profile, self.cluster_id = float(timeout), profile, cluster_id
+        self.master_addr, self.threads = master_addr, threads
+        self.backend: str | None = None
+        self.workers: list[dict] = []  # one dict per rank: rank, engine_id, host, pid, ...
+        self._ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self.view = None  # DirectView on the ranks, in rank order (used by %%px)
+        self._rendezvous = None
+        self._controller_pid: int | None = None
+        self._engine_pids: set[int] = set()
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "Cluster":
+        """Start (or connect to) the engines and form the process group."""
+        if self.client is not None:
+            return self
+        t0 = time.monotonic()
+        _live_clusters.add(self)
+        try:
+            if self._connect:
+                self._connect_existing()
+            else:
+                self._start_local(self.n)
+            self._form_world(self._usable_engines(self.n))
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _start_local(self, n: int) -> None:
+        self._ipp = ipp.Cluster(n=0, log_level=40, shutdown_atexit=True, engine_timeout=self.timeout)
+        with _quiet():
+            self._ipp.start_controller_sync()
+        self._controller_pid = getattr(self._ipp.controller, "pid", None) or None
+        with _quiet():
+            self.client = self._ipp.connect_client_sync()
+        self._add_engines(n)
+
+    def _add_engines(self, k: int) -> None:
+        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._engine_ids()) + k))
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "PYTHONUNBUFFERED": "1"}
+        before = set(self.client.ids)
+        with _quiet():
+            self._ipp.start_engines_sync(k, environment=env)
+        deadline = time.monotonic() + self.timeout
+        while len(set(self.client.ids) - before) < k:
+            if time.monotonic() > deadline:
+                got = len(set(self.client.ids) - before)
+                raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {self.timeout:.0f} s")
+            self.client.spin()
+            time.sleep(0.05)
+        new = sorted(set(self.client.ids) - before)
+        view = self.client[new]
+        pids = self._await([view.client[e].apply_async(os.getpid) for e in new], new, "getpid")
+        self._engine_pids.update(pids)
+        also_kill = (self._controller_pid,) if self._controller_pid else ()
+        self._await([self.client[e].apply_async(worker_env.watch_parent, os.getpid(), also_kill)
+                     for e in new], new, "watch_parent")
+
+    def _connect_existing(self) -> None:
+        try:
+            self._ipp = ipp.Cluster.from_file(profile=self.profile or "default", cluster_id=self.cluster_id or "")
+            with _quiet():
+                self.client = self._ipp.connect_client_sync()
+        except FileNotFoundError:
+            self._ipp = None
+            self.client = ipp.Client(profile=self.profile or "default", cluster_id=self.cluster_id or "")
+        want = self.n or 1
+        deadline = time.monotonic() + self.timeout
+        while len(self.client.ids) < want:
+            if time.monotonic() > deadline:
+                raise WorkerTimeoutError([], f"the ipcluster (profile={self.profile!r}, cluster_id={self.cluster_id!r}) "
+                                             f"has {len(self.client.ids)} engines, {want} wanted, after {self.timeout:.0f} s")
+            self.client.spin()
+            time.sleep(0.1)
+
+    def _engine_ids(self) -> list[int]:
+        return sorted(self.client.ids) if self.client is not None else []
+
+    def _usable_engines(self, n: int | None) -> list[int]:
+        ids = self._engine_ids()
+        return ids if n is None else ids[:n]
+
+    def _form_world(self, engine_ids: list[int]) -> None:
+        """Assign ranks, choose the backend, initialize torch.distributed (and Horovod)."""
+        infos = self._await([self.client[e].apply_async(worker_env.describe) for e in engine_ids],
+                            engine_ids, "describe")
+        hosts_order = list(dict.fromkeys(i["host"] for i in infos))
+        order = sorted(range(len(engine_ids)), key=lambda k: (hosts_order.index(infos[k]["host"]), engine_ids[k]))
+        engine_ids, infos = [engine_ids[k] for k in order], [infos[k] for k in order]
+        hosts = [i["host"] for i in infos]
+        world = len(engine_ids)
+        self.backend, note = _choose_backend(self.backend_requested, hosts, [i["gpus"] for i in infos])
+        if note:
+            warnings.warn(note, stacklevel=3)
+        local = {h: 0 for h in hosts}
+        self.workers = []
+        for rank, (eid, info) in enumerate(zip(engine_ids, infos)):
+            local_rank, local[info["host"]] = local[info["host"]], local[info["host"]] + 1
+            self.workers.append(dict(rank=rank, engine_id=eid, local_rank=local_rank, **info))
+        self.n = world
+        single_host = len(hosts_order) == 1
+        addr = self.master_addr or ("127.0.0.1" if single_host else hosts[0])
+        threads = self.threads or max(1, (os.cpu_count() or 1) // max(hosts.count(h) for h in hosts))
+        self._run_engines(worker_env.limit_threads, [(threads,)] * world, "limit_threads")
+        port = self._await([self.client[engine_ids[0]].apply_async(worker_env.open_store, world, self.timeout)],
+                           engine_ids[:1], "open_store")[0]
+        args = [(w["rank"], world, self.backend, addr, port, w["local_rank"], self.timeout) for w in self.workers]
+        done = self._run_engines(worker_env.init_process_group, args, "init_process_group")
+        for w, d in zip(self.workers, done):
+            w.update(backend=d["backend"], device=d["device"])
+        if self.horovod:
+            self._init_horovod(hosts, single_host)
+        self.view = self.client[engine_ids]
+        self.view.block = True
+        self._push_names()
+        self._enable_magics()
+
+    def _init_horovod(self, hosts: list[str], single_host: bool) -> None:
+        from ddnb.rendezvous import HorovodRendezvous
+
+        if self._rendezvous is not None:
+            self._rendezvous.stop()
+        addr = "127.0.0.1" if single_host else _this_host_address()
+        self._rendezvous = HorovodRendezvous(hosts, addr=addr, timeout=self.timeout)
+        iface = "lo" if single_host else None
+        envs = [(self._rendezvous.env(r, iface),) for r in range(self.n)]
+        got = self._run_engines(worker_env.init_horovod, envs, "hvd.init")
+        for w, g in zip(self.workers, got):
+            if g["rank"] != w["rank"]:
+                raise ClusterError(f"Horovod gave rank {g['rank']} to torch rank {w['rank']}")
+
+    def _push_names(self) -> None:
+        """Give every engine the names a %%px cell expects: rank, world_size, local_rank,
+        device, backend, and the usual imports."""
+        pushes = [({"rank": w["rank"], "world_size": self.n, "local_rank": w["local_rank"],
+                    "backend": self.backend},) for w in self.workers]
+        self._run_engines(_push_namespace, [p + (self.horovod,) for p in pushes], "push")
+
+    def _enable_magics(self) -> None:
+        """%px / %%px on the ranks, blocking, not streamed, outputs grouped by engine in
+        rank order, no progress bar: the same output every run (nbval compares it)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+        self.view.activate()
+        magics = shell.magics_manager.registry.get("ParallelMagics")
+        if magics is not None:
+            magics.stream_output = False
+            magics.progress_after_seconds = -1
+
+    def resize(self, n: int) -> "Cluster":
+        """Change the number of workers to n and re-form the process group (and Horovod)."""
+        _check_n(n)
+        if self.client is None:
+            raise ClusterError("the cluster is stopped; call start() first")
+        if n == self.n:
+            return self
+        self._run_engines(worker_env.shutdown, [()] * self.n, "shutdown")
+        have = self._engine_ids()
+        if n > len(have):
+            if self._connect:
+                raise ValueError(f"the connected ipcluster has {len(have)} engines; cannot resize to {n}")
+            self._add_engines(n - len(have))
+        elif n < len(have) and not self._connect:
+            extra = have[n:]
+            self._shutdown_engines(extra)
+        self._form_world(self._engine_ids()[:n])
+        return self
+
+    def restart(self) -> "Cluster":
+        """Stop everything (e.g. after a lost worker) and start again with the same size."""
+        n = self.n if not self._connect else self.n
+        self.stop()
+        self.n = n
+        return self.start()
+
+    def _shutdown_engines(self, engine_ids: list[int]) -> None:
+        pids = [w["pid"] for w in self.workers if w["engine_id"] in engine_ids]
+        pids += [p for p in self._pids_of(engine_ids) if p not in pids]
+        try:
+            self.client.shutdown(targets=engine_ids, block=True)
+        except Exception:
+            pass
+        _reap(pids, wait=5)
+        self._engine_pids.difference_update(pids)
+        deadline = time.monotonic() + self.timeout
+        while set(engine_ids) & set(self.client.ids) and time.monotonic() < deadline:
+            self.client.spin()
+            time.sleep(0.05)
+
+    def _pids_of(self, engine_ids):
+        return [w["pid"] for w in self.workers if w["engine_id"] in engine_ids]
+
+    def stop(self) -> None:
+        """Shut the workers down: leave Horovod and the process group, stop the engines and
+        the controller we started, stop the rendezvous server. Idempotent."""
+        _live_clusters.discard(self)
+        if self.client is not None and self.workers and self.alive():
+            try:  # a clean goodbye when everyone can still answer
+                ars = [self.client[w["engine_id"]].apply_async(worker_env.shutdown) for w in self.workers]
+                for ar in ars:
+                    ar.wait(min(5.0, self.timeout))
+            except Exception:
+                pass
+        if self._rendezvous is not None:
+            self._rendezvous.stop()
+            self._rendezvous = None
+        if self._ipp is not None and not self._connect:
+            with _quiet(), contextlib.suppress(Exception):
+                self._ipp.stop_cluster_sync()
+            _reap(list(self._engine_pids) + ([self._controller_pid] if self._controller_pid else []), wait=5)
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        self.client = self.view = self._ipp = None
+        self._engine_pids, self._controller_pid = set(), None
+
+    def pids(self) -> list[int]:
+        """Process ids of the processes this cluster started (controller and engines)."""
+        return sorted(self._engine_pids | ({self._controller_pid} if self._controller_pid else set()))
+
+    def alive(self) -> bool:
+        return self.client is not None and not self._dead_ranks(range(len(self.workers)))
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"{self.n} workers, backend={self.backend}" + (", horovod" if self.horovod else "")
+        return f"<ddnb.Cluster {state}{'' if self.client else ', stopped'}>"
+
+    # ------------------------------------------------------------------ running code
+    def run(self, fn, *args, **kwargs) -> list:
+        """Call fn(*args, **kwargs) on every rank at once; returns the results in rank order.
+
+        Raises WorkerError (a rank raised: its rank and remote traceback),
+        WorkerLostError (a worker process died) or WorkerTimeoutError (ranks that did not
+        finish within `timeout`), never hangs.
+        """
+        return self._run_engines(fn, [args] * self.n, getattr(fn, "__name__", "fn"), kwargs)
+
+    def run_ranks(self, fn, per_rank_args: list[tuple], **kwargs) -> list:
+        """Like run, with arguments of its own for each rank: fn(*per_rank_args[rank])."""
+        if len(per_rank_args) != self.n:
+            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.n} ranks")
+        return self._run_engines(fn, per_rank_args, getattr(fn, "__name__", "fn"), kwargs)
+
+    def _run_engines(self, fn, per_rank_args, what, kwargs=None):
+        if self.client is None:
+            raise ClusterError("the cluster is stopped; call start() first")
+        eids = [w["engine_id"] for w in self.workers]
+        ars = [self.client[e].apply_async(fn, *a, **(kwargs or {})) for e, a in zip(eids, per_rank_args)]
+        return self._await(ars, eids, what)
+
+    def _await(self, ars, engine_ids, what):
+        """Wait for one AsyncResult per rank; raise as soon as a rank fails or dies."""
+        deadline = time.monotonic() + self.timeout
+        ranks_of = {w["engine_id"]: w["rank"] for w in self.workers}
+        label = lambda k: (f"rank {ranks_of[engine_ids[k]]}" if engine_ids[k] in ranks_of
+                           else f"engine {engine_ids[k]}")
+        while True:
+            pending = []
+            for k, ar in enumerate(ars):
+                if not ar.ready():
+                    pending.append(k)
+                elif not ar.successful():
+                    _raise_remote(ar, label(k), what, ranks_of.get(engine_ids[k], -1))
+            if not pending:
+                return [ar.get() for ar in ars]
+            dead = [k for k in pending if self._engine_dead(engine_ids[k])]
+            if dead:
+                names = ", ".join(f"{label(k)} ({self._where(engine_ids[k])})" for k in dead)
+                raise WorkerLostError([ranks_of.get(engine_ids[k], -1) for k in dead],
+                                      f"{names} died while running {what}; the other ranks may be blocked "
+                                      f"in a collective: call cluster.restart()")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                names = ", ".join(label(k) for k in pending)
+                raise WorkerTimeoutError([ranks_of.get(engine_ids[k], -1) for k in pending],
+                                         f"{names} did not finish {what} within {self.timeout:.0f} s "
+                                         f"({len(ars) - len(pending)} of {len(ars)} finished); call cluster.restart()")
+            ars[pending[0]].wait(min(0.05, left))
+
+    def _where(self, engine_id) -> str:
+        for w in self.workers:
+            if w["engine_id"] == engine_id:
+                return f"engine {engine_id}, pid {w['pid']} on {w['host']}"
+        return f"engine {engine_id}"
+
+    def _engine_dead(self, engine_id) -> bool:
+        if engine_id not in self.client.ids:  # unregistered by the controller's heartbeat
+            return True
+        for w in self.workers:
+            if w["engine_id"] == engine_id and w["pid"] in self._engine_pids:
+                return not _pid_alive(w["pid"])
+        return False
+
+    def _dead_ranks(self, ranks) -> list[int]:
+        return [r for r in ranks if self._engine_dead(self.workers[r]["engine_id"])]
+
+
+def _push_namespace(names: dict, horovod: bool) -> None:
+    """Runs on an engine: put rank, world_size, ... and the usual imports in the namespace
+    that %%px cells see."""
+    import __main__
+
+    import torch
+    import torch.distributed as dist
+
+    ns = __main__.__dict__
+    device = torch.device("cuda", names["local_rank"]) if names["backend"] == "nccl" else torch.device("cpu")
+    ns.update(names, device=device, torch=torch, dist=dist)
+    if horovod:
+        import horovod.torch as hvd
+
+        ns["hvd"] = hvd
+
+
+def _raise_remote(ar, label, what, rank):
+    try:
+        ar.get()
+    except ipp.error.RemoteError as e:
+        tb = getattr(e, "traceback", "") or ""
+        raise WorkerError(rank, f"{label} raised {e.ename}: {e.evalue}\n--- remote traceback ({label}) ---\n{tb}") from None
+    except Exception as e:  # EngineError and the like
+        raise WorkerError(rank, f"{label} failed while running {what}: {e}") from None
+
+
+def _check_n(n, allow_none=False):
+    if n is None and allow_none:
+        return
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"n must be an integer number of workers, got {n!r}")
+    if not 1 <= n <= MAX_LOCAL_WORKERS:
+        raise ValueError(f"n={n} workers: accepted are 1 to {MAX_LOCAL_WORKERS} "
+                         "(for more, connect to an ipcluster with profile=/cluster_id=)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reap(pids, wait: float) -> None:
+    """SIGTERM, then SIGKILL what is still there after `wait` seconds."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=wait)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=wait)
+
+
+def _horovod_available() -> bool:
+    from ddnb.rendezvous import horovod_available
+
+    return horovod_available()
+
+
+def _this_host_address() -> str:
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+@contextlib.contextmanager
+def _quiet():
+    """ipyparallel prints progress and log lines while starting; keep cells clean."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield

@@ -1,0 +1,135 @@
+"""What runs inside each worker process (an ipyparallel engine, or a process spawned by
+`ddnb.testing`) to make it a rank of a torch.distributed world and, optionally, of Horovod.
+
+The notebook side (`ddnb.cluster`) decides everything (rank, backend, addresses) and calls
+these functions on the engines; they only act on the process they run in. Taught in
+`notebooks/00_getting_started.ipynb`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+
+# The rendezvous store of rank 0, kept alive for the lifetime of the process group.
+_store = None
+
+
+def limit_threads(threads: int) -> None:
+    """One process per worker: keep each one to `threads` intra-op threads, so that N
+    workers on N cores do not oversubscribe them."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def describe() -> dict:
+    """Facts about this process, gathered from every engine before ranks are assigned."""
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        info["torch"], info["gpus"] = None, 0
+    try:
+        import horovod
+
+        info["horovod"] = horovod.__version__
+    except ImportError:
+        info["horovod"] = None
+    return info
+
+
+def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) -> None:
+    """Exit this process (and kill `also_kill`, e.g. the controller) as soon as the
+    process that launched it is gone: a notebook kernel killed with SIGKILL runs no
+    clean-up of its own, and this keeps its engines from living on as orphans."""
+
+    def loop():
+        while True:
+            time.sleep(interval)
+            try:
+                os.kill(parent_pid, 0)
+                alive = os.getppid() == parent_pid
+            except OSError:
+                alive = False
+            if not alive:
+                for pid in also_kill:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+                os._exit(1)
+
+    threading.Thread(target=loop, name="ddnb-watch-parent", daemon=True).start()
+
+
+def open_store(world_size: int, timeout: float) -> int:
+    """On rank 0: open the TCP rendezvous store on a port the OS chooses; returns it."""
+    global _store
+    import torch.distributed as dist
+
+    _store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True,
+                           timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    return _store.port
+
+
+def init_process_group(rank: int, world_size: int, backend: str, master_addr: str,
+                       master_port: int, local_rank: int, timeout: float) -> dict:
+    """Join the torch.distributed world. Every collective then times out after `timeout`
+    seconds instead of gloo's default 30 minutes, so a lost peer cannot hang a rank."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    store = _store if rank == 0 else dist.TCPStore(
+        master_addr, master_port, world_size, is_master=False, timeout=timedelta(seconds=timeout))
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        kwargs["device_id"] = device
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout), **kwargs)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "device": str(device)}
+
+
+def init_horovod(env: dict) -> dict:
+    """Initialize Horovod over Gloo from the environment `ddnb.rendezvous.horovod_env`
+    made for this rank (what horovodrun would otherwise set)."""
+    os.environ.update({k: str(v) for k, v in env.items()})
+    import horovod.torch as hvd
+
+    hvd.init()
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank()}
+
+
+def shutdown() -> None:
+    """Leave Horovod and the process group (used before a resize and at stop)."""
+    global _store
+    if "horovod.torch" in sys.modules:
+        import horovod.torch as hvd
+
+        try:
+            if hvd.is_initialized():
+                hvd.shutdown()
+        except ValueError:
+            pass
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _store = None

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-command set-up, called by `make lab` and `make test`:
+#   1. create the virtual environment $VENV (default .venv) if it is missing;
+#   2. install torch==$TORCH (a CPU build on this machine), then ddnb with its notebook,
+#      test and Horovod dependencies;
+#   3. build Horovod with PyTorch and Gloo (scripts/install_horovod.sh).
+# Idempotent: a stamp in the venv records what was installed (the torch version and a
+# hash of pyproject.toml and these scripts); when it matches, nothing is installed again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH=${TORCH:-2.13.0}
+PY="$VENV/bin/python"
+
+command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found; install Python >= 3.9" >&2; exit 1; }
+if [ ! -x "$PY" ]; then
+    echo "setup: creating $VENV with $("$PYTHON" --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+want="torch=$TORCH $(cat pyproject.toml scripts/setup.sh scripts/install_horovod.sh | sha256sum | cut -c1-16)"
+stamp="$VENV/.ddnb-setup"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c "import ddnb, torch, ipyparallel, horovod.torch" 2>/dev/null; then
+    echo "setup: $VENV is up to date (torch $TORCH, Horovod built); nothing to install"
+    exit 0
+fi
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+"$PY" -m pip install -q --upgrade pip setuptools wheel
+echo "setup: installing torch==$TORCH"
+"$PY" -m pip install -q "torch==$TORCH"
+echo "setup: installing ddnb and its dependencies"
+"$PY" -m pip install -q -e ".[dev,horovod]"
+bash scripts/install_horovod.sh "$PY"
+echo "$want" >"$stamp"
+echo "setup: done. torch $("$PY" -c 'import torch; print(torch.__version__)'), horovod $("$PY" -c 'import horovod; print(horovod.__version__)')"
