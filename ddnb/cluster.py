@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import signal
+import sys
 import time
 import warnings
 import weakref
@@ -25,38 +26,11 @@ import ipyparallel as ipp
 import psutil
 
 from ddnb import worker_env
+from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
 
 MAX_LOCAL_WORKERS = 64
 BACKENDS = ("auto", "gloo", "nccl")
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-
-
-class ClusterError(RuntimeError):
-    """Something went wrong on one or more ranks."""
-
-
-class WorkerError(ClusterError):
-    """A function raised on a rank; the message holds the rank and its traceback."""
-
-    def __init__(self, rank: int, message: str):
-        super().__init__(message)
-        self.rank = rank
-
-
-class WorkerLostError(ClusterError):
-    """A worker process died (killed, crashed, out of memory) while the cluster waited."""
-
-    def __init__(self, ranks: list[int], message: str):
-        super().__init__(message)
-        self.ranks = ranks
-
-
-class WorkerTimeoutError(ClusterError, TimeoutError):
-    """Ranks that did not answer within the cluster's timeout."""
-
-    def __init__(self, ranks: list[int], message: str):
-        super().__init__(message)
-        self.ranks = ranks
 
 
 @atexit.register
@@ -100,11 +74,14 @@ class Cluster:
     master_addr : address of rank 0 for the TCP rendezvous (default: 127.0.0.1 when every
         worker is on this host, else rank 0's host name).
     threads : intra-op threads per worker (default: cores / local workers, at least 1).
+    start_timeout : seconds that starting engines and forming the world may take
+        (default: the larger of `timeout` and 60; an engine imports torch as it starts).
     """
 
     def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,
                  timeout: float = 60, *, profile: str | None = None, cluster_id: str | None = None,
-                 master_addr: str | None = None, threads: int | None = None, start: bool = True):
+                 master_addr: str | None = None, threads: int | None = None,
+                 start_timeout: float | None = None, start: bool = True):
         self._connect = profile is not None or cluster_id is not None
         _check_n(n, allow_none=self._connect)
         if backend not in BACKENDS:
@@ -119,6 +96,7 @@ class Cluster:
         self.n, self.backend_requested, self.horovod = n, backend, horovod
         self.timeout, self.profile, self.cluster_id = float(timeout), profile, cluster_id
         self.master_addr, self.threads = master_addr, threads
+        self.start_timeout = float(start_timeout or max(self.timeout, 60.0))
         self.backend: str | None = None
         self.workers: list[dict] = []  # one dict per rank: rank, engine_id, host, pid, ...
         self._ipp: ipp.Cluster | None = None
@@ -150,7 +128,7 @@ class Cluster:
         return self
 
     def _start_local(self, n: int) -> None:
-        self._ipp = ipp.Cluster(n=0, log_level=40, shutdown_atexit=True, engine_timeout=self.timeout)
+        self._ipp = ipp.Cluster(n=0, log_level=40, shutdown_atexit=True, engine_timeout=self.start_timeout)
         with _quiet():
             self._ipp.start_controller_sync()
         self._controller_pid = getattr(self._ipp.controller, "pid", None) or None
@@ -160,25 +138,26 @@ class Cluster:
 
     def _add_engines(self, k: int) -> None:
         threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._engine_ids()) + k))
+        # Local engines see the modules the notebook sees (a helpers.py beside it, a test file).
+        path = [p for p in sys.path if p and os.path.isdir(p)]
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys([os.getcwd()] + path))}
         before = set(self.client.ids)
         with _quiet():
             self._ipp.start_engines_sync(k, environment=env)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.start_timeout
         while len(set(self.client.ids) - before) < k:
             if time.monotonic() > deadline:
                 got = len(set(self.client.ids) - before)
-                raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {self.timeout:.0f} s")
-            self.client.spin()
+                raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {self.start_timeout:.0f} s")
             time.sleep(0.05)
         new = sorted(set(self.client.ids) - before)
         view = self.client[new]
-        pids = self._await([view.client[e].apply_async(os.getpid) for e in new], new, "getpid")
+        pids = self._await([view.client[e].apply_async(os.getpid) for e in new], new, "getpid", self.start_timeout)
         self._engine_pids.update(pids)
         also_kill = (self._controller_pid,) if self._controller_pid else ()
         self._await([self.client[e].apply_async(worker_env.watch_parent, os.getpid(), also_kill)
-                     for e in new], new, "watch_parent")
+                     for e in new], new, "watch_parent", self.start_timeout)
 
     def _connect_existing(self) -> None:
         try:
@@ -189,12 +168,11 @@ class Cluster:
             self._ipp = None
             self.client = ipp.Client(profile=self.profile or "default", cluster_id=self.cluster_id or "")
         want = self.n or 1
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.start_timeout
         while len(self.client.ids) < want:
             if time.monotonic() > deadline:
                 raise WorkerTimeoutError([], f"the ipcluster (profile={self.profile!r}, cluster_id={self.cluster_id!r}) "
-                                             f"has {len(self.client.ids)} engines, {want} wanted, after {self.timeout:.0f} s")
-            self.client.spin()
+                                             f"has {len(self.client.ids)} engines, {want} wanted, after {self.start_timeout:.0f} s")
             time.sleep(0.1)
 
     def _engine_ids(self) -> list[int]:
@@ -207,7 +185,7 @@ class Cluster:
     def _form_world(self, engine_ids: list[int]) -> None:
         """Assign ranks, choose the backend, initialize torch.distributed (and Horovod)."""
         infos = self._await([self.client[e].apply_async(worker_env.describe) for e in engine_ids],
-                            engine_ids, "describe")
+                            engine_ids, "describe", self.start_timeout)
         hosts_order = list(dict.fromkeys(i["host"] for i in infos))
         order = sorted(range(len(engine_ids)), key=lambda k: (hosts_order.index(infos[k]["host"]), engine_ids[k]))
         engine_ids, infos = [engine_ids[k] for k in order], [infos[k] for k in order]
@@ -225,11 +203,11 @@ class Cluster:
         single_host = len(hosts_order) == 1
         addr = self.master_addr or ("127.0.0.1" if single_host else hosts[0])
         threads = self.threads or max(1, (os.cpu_count() or 1) // max(hosts.count(h) for h in hosts))
-        self._run_engines(worker_env.limit_threads, [(threads,)] * world, "limit_threads")
+        self._run_engines(worker_env.limit_threads, [(threads,)] * world, "limit_threads", timeout=self.start_timeout)
         port = self._await([self.client[engine_ids[0]].apply_async(worker_env.open_store, world, self.timeout)],
-                           engine_ids[:1], "open_store")[0]
+                           engine_ids[:1], "open_store", self.start_timeout)[0]
         args = [(w["rank"], world, self.backend, addr, port, w["local_rank"], self.timeout) for w in self.workers]
-        done = self._run_engines(worker_env.init_process_group, args, "init_process_group")
+        done = self._run_engines(worker_env.init_process_group, args, "init_process_group", timeout=self.start_timeout)
         for w, d in zip(self.workers, done):
             w.update(backend=d["backend"], device=d["device"])
         if self.horovod:
@@ -248,7 +226,7 @@ class Cluster:
         self._rendezvous = HorovodRendezvous(hosts, addr=addr, timeout=self.timeout)
         iface = "lo" if single_host else None
         envs = [(self._rendezvous.env(r, iface),) for r in range(self.n)]
-        got = self._run_engines(worker_env.init_horovod, envs, "hvd.init")
+        got = self._run_engines(worker_env.init_horovod, envs, "hvd.init", timeout=self.start_timeout)
         for w, g in zip(self.workers, got):
             if g["rank"] != w["rank"]:
                 raise ClusterError(f"Horovod gave rank {g['rank']} to torch rank {w['rank']}")
@@ -258,7 +236,7 @@ class Cluster:
         device, backend, and the usual imports."""
         pushes = [({"rank": w["rank"], "world_size": self.n, "local_rank": w["local_rank"],
                     "backend": self.backend},) for w in self.workers]
-        self._run_engines(_push_namespace, [p + (self.horovod,) for p in pushes], "push")
+        self._run_engines(_push_namespace, [p + (self.horovod,) for p in pushes], "push", timeout=self.start_timeout)
 
     def _enable_magics(self) -> None:
         """%px / %%px on the ranks, blocking, not streamed, outputs grouped by engine in
@@ -313,7 +291,6 @@ class Cluster:
         self._engine_pids.difference_update(pids)
         deadline = time.monotonic() + self.timeout
         while set(engine_ids) & set(self.client.ids) and time.monotonic() < deadline:
-            self.client.spin()
             time.sleep(0.05)
 
     def _pids_of(self, engine_ids):
@@ -376,16 +353,17 @@ class Cluster:
             raise ValueError(f"{len(per_rank_args)} argument tuples for {self.n} ranks")
         return self._run_engines(fn, per_rank_args, getattr(fn, "__name__", "fn"), kwargs)
 
-    def _run_engines(self, fn, per_rank_args, what, kwargs=None):
+    def _run_engines(self, fn, per_rank_args, what, kwargs=None, timeout=None):
         if self.client is None:
             raise ClusterError("the cluster is stopped; call start() first")
         eids = [w["engine_id"] for w in self.workers]
         ars = [self.client[e].apply_async(fn, *a, **(kwargs or {})) for e, a in zip(eids, per_rank_args)]
-        return self._await(ars, eids, what)
+        return self._await(ars, eids, what, timeout)
 
-    def _await(self, ars, engine_ids, what):
+    def _await(self, ars, engine_ids, what, timeout=None):
         """Wait for one AsyncResult per rank; raise as soon as a rank fails or dies."""
-        deadline = time.monotonic() + self.timeout
+        timeout = timeout or self.timeout
+        deadline = time.monotonic() + timeout
         ranks_of = {w["engine_id"]: w["rank"] for w in self.workers}
         label = lambda k: (f"rank {ranks_of[engine_ids[k]]}" if engine_ids[k] in ranks_of
                            else f"engine {engine_ids[k]}")
@@ -408,7 +386,7 @@ class Cluster:
             if left <= 0:
                 names = ", ".join(label(k) for k in pending)
                 raise WorkerTimeoutError([ranks_of.get(engine_ids[k], -1) for k in pending],
-                                         f"{names} did not finish {what} within {self.timeout:.0f} s "
+                                         f"{names} did not finish {what} within {timeout:.0f} s "
                                          f"({len(ars) - len(pending)} of {len(ars)} finished); call cluster.restart()")
             ars[pending[0]].wait(min(0.05, left))
 

@@ -1,0 +1,37 @@
+# ddnb: `make lab` sets up and opens JupyterLab; `make test` sets up and runs everything.
+# Set-up (scripts/setup.sh) is idempotent: a second run installs nothing.
+PYTHON ?= python3
+TORCH  ?= 2.13.0
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# nbval compares stored outputs; sanitize what varies (times, pids, ports, paths).
+NBVAL  := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test test-unit test-notebooks notebooks clean help
+
+help:
+	@echo "make lab    set up $(VENV) (torch $(TORCH), Horovod), then open JupyterLab on notebooks/"
+	@echo "make test   set up, then run every test and every notebook (nbval)"
+	@echo "make notebooks  re-run every notebook in place, storing its outputs"
+
+setup:
+	@PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup.sh
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+test: setup
+	$(PY) -m pytest tests notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-notebooks: setup
+	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+
+notebooks: setup
+	$(PY) scripts/run_notebooks.py notebooks/*.ipynb
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,201 @@
+"""Run a function on a gloo world of N processes, from pytest.
+
+    from ddnb.testing import run_world
+
+    def allreduce_rank():
+        t = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(t)
+        return t.item()
+
+    assert run_world(3, allreduce_rank) == [3.0, 3.0, 3.0]
+
+Each rank is a spawned process with one intra-op thread, joined through a FileStore in a
+fresh temporary folder (no port to collide). `World(n)` keeps the processes (and their
+process group) alive across calls, which is what makes hundreds of multi-process tests
+cheap on 2 cores; `run_world` is the one-shot form. Every call has a deadline: a rank
+that raises, dies or hangs becomes WorkerError / WorkerLostError / WorkerTimeoutError
+naming it, and a world that timed out is killed, never left blocking.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import wait
+
+import cloudpickle
+
+from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
+
+# After a rank raises, how long the others get to finish before the world is declared
+# broken (they may be blocked in a collective that the failed rank never joined).
+ERROR_GRACE_SECONDS = 2.0
+
+
+def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env):
+    """The loop of one rank: receive a pickled (fn, args, kwargs), run it, send the result."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout))
+    if hvd_env is not None:
+        from ddnb.worker_env import init_horovod
+
+        init_horovod(hvd_env)
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        try:
+            fn, args, kwargs = cloudpickle.loads(msg)
+            reply = ("ok", cloudpickle.dumps(fn(*args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001 - report everything to the parent
+            reply = ("err", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        try:
+            conn.send(reply)
+        except OSError:  # the parent gave up on this world (a peer died): leave quietly
+            os._exit(1)
+    if hvd_env is not None:
+        import horovod.torch as hvd
+
+        hvd.shutdown()
+    dist.destroy_process_group()
+
+
+class World:
+    """N live processes in one gloo process group (and optionally Horovod)."""
+
+    def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int = 1):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"World needs an integer n >= 1, got {n!r}")
+        self.n, self.timeout, self.horovod = n, timeout, horovod
+        self.broken = False
+        self._dir = tempfile.mkdtemp(prefix="ddnb-world-")
+        self._rendezvous = None
+        envs = [None] * n
+        if horovod:
+            from ddnb.rendezvous import HorovodRendezvous
+
+            self._rendezvous = HorovodRendezvous(["localhost"] * n, timeout=timeout)
+            envs = [self._rendezvous.env(r, iface="lo") for r in range(n)]
+        ctx = mp.get_context("spawn")
+        self._conns, self._procs = [], []
+        for rank in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
+                            args=(rank, n, self._dir, child, threads, timeout, envs[rank]))
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(p)
+        self._collect(["ready"] * n, "start-up", timeout)
+
+    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
+        """fn(*args, **kwargs) on every rank; the results in rank order."""
+        return self.run_ranks(fn, [args] * self.n, timeout=timeout, **kwargs)
+
+    def run_ranks(self, fn, per_rank_args, timeout: float | None = None, **kwargs) -> list:
+        """fn(*per_rank_args[rank], **kwargs) on every rank."""
+        if self.broken:
+            raise ClusterError("this World is broken by an earlier failure; make a new one")
+        if len(per_rank_args) != self.n:
+            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.n} ranks")
+        for conn, a in zip(self._conns, per_rank_args):
+            conn.send(cloudpickle.dumps((fn, tuple(a), kwargs)))
+        got = self._collect(None, getattr(fn, "__name__", "fn"), timeout or self.timeout)
+        return [cloudpickle.loads(g) for g in got]
+
+    def _collect(self, expect, what, timeout):
+        deadline = time.monotonic() + timeout
+        results, errors = [None] * self.n, {}
+        pending = set(range(self.n))
+        grace_end = None
+        while pending:
+            now = time.monotonic()
+            end = deadline if grace_end is None else min(deadline, grace_end)
+            if now >= end:
+                break
+            waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
+            for obj in wait(waitables, timeout=end - now):
+                r = next((r for r in pending if obj in (self._conns[r], self._procs[r].sentinel)), None)
+                if r is None:
+                    continue
+                if obj is self._procs[r].sentinel and not self._conns[r].poll():
+                    self._procs[r].join(1)
+                    code = self._procs[r].exitcode
+                    self.close(kill=True)
+                    raise WorkerLostError([r], f"rank {r} (pid {self._procs[r].pid}) died with exit code "
+                                               f"{code} while running {what}")
+                kind, payload = self._conns[r].recv()
+                pending.discard(r)
+                if kind == "err":
+                    errors[r] = payload
+                    grace_end = grace_end or time.monotonic() + ERROR_GRACE_SECONDS
+                else:
+                    results[r] = payload
+        if pending:
+            self.close(kill=True)
+            if errors:
+                first = min(errors)
+                raise WorkerError(first, f"rank {first} raised while running {what} (ranks {sorted(errors)} "
+                                         f"raised; ranks {sorted(pending)} were still blocked):\n{errors[first]}")
+            raise WorkerTimeoutError(sorted(pending), f"ranks {sorted(pending)} did not finish {what} within "
+                                                      f"{timeout:.0f} s; the world was killed")
+        if errors:
+            first = min(errors)
+            raise WorkerError(first, f"rank {first} raised while running {what} (ranks {sorted(errors)} raised):\n"
+                                     f"{errors[first]}")
+        return results
+
+    def close(self, kill: bool = False) -> None:
+        """Stop every rank (kill=True: without waiting for a clean exit)."""
+        self.broken = True
+        for conn in self._conns:
+            try:
+                if not kill:
+                    conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self._procs:
+            if kill:
+                p.kill()
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        if self._rendezvous is not None:
+            self._rendezvous.stop()
+            self._rendezvous = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def __enter__(self) -> "World":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_world(n: int, fn, *args, timeout: float = 60, horovod: bool = False, **kwargs) -> list:
+    """Start a world of n ranks, run fn(*args, **kwargs) on each, stop it; results in rank order."""
+    with World(n, timeout=timeout, horovod=horovod) as world:
+        return world.run(fn, *args, **kwargs)

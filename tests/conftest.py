@@ -1,0 +1,31 @@
+"""Shared fixtures: `world(n)` gives a live gloo world of n ranks (ddnb.testing.World),
+started once per size for the whole session and replaced if a test broke it."""
+import pytest
+
+from ddnb.testing import World
+
+_worlds: dict = {}
+
+
+@pytest.fixture(scope="session")
+def world():
+    def get(n: int, horovod: bool = False) -> World:
+        key = (n, horovod)
+        w = _worlds.get(key)
+        if w is None or w.broken:
+            w = _worlds[key] = World(n, timeout=60, horovod=horovod)
+        return w
+
+    yield get
+    for w in _worlds.values():
+        w.close()
+    _worlds.clear()
+
+
+def horovod_available() -> bool:
+    from ddnb.rendezvous import horovod_available as available
+
+    return available()
+
+
+requires_horovod = pytest.mark.skipif(not horovod_available(), reason="Horovod with PyTorch is not installed")

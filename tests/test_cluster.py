@@ -1,0 +1,227 @@
+"""ddnb.Cluster: ipyparallel engines as the ranks of one torch.distributed world."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from ddnb.cluster import Cluster, _choose_backend
+from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
+from conftest import requires_horovod
+
+
+def rank_info():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), dist.get_backend(), t.item(), torch.get_num_threads()
+
+
+def gone(pids, within=10.0):
+    """True when none of pids is alive (zombies count as gone) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(n=3, timeout=30)
+    yield c
+    c.stop()
+
+
+def test_ranks_backend_and_results_in_rank_order(cluster):
+    got = cluster.run(rank_info)
+    assert [g[:4] for g in got] == [(r, 3, "gloo", 3.0) for r in range(3)]
+    assert [w["rank"] for w in cluster.workers] == [0, 1, 2]
+    assert [w["local_rank"] for w in cluster.workers] == [0, 1, 2]
+    assert all(w["device"] == "cpu" and w["backend"] == "gloo" for w in cluster.workers)
+    assert len({w["pid"] for w in cluster.workers}) == 3  # one process per worker
+    assert os.getpid() not in {w["pid"] for w in cluster.workers}
+
+
+def test_run_with_arguments_and_per_rank_arguments(cluster):
+    assert cluster.run(lambda a, b=1: a * b, 3, b=2) == [6, 6, 6]
+    assert cluster.run_ranks(lambda x: x + 1, [(0,), (10,), (20,)]) == [1, 11, 21]
+
+
+def test_engine_namespace_has_rank_and_world_size(cluster):
+    got = cluster.run(lambda: eval("(rank, world_size, str(device), backend)", __import__("__main__").__dict__))
+    assert got == [(r, 3, "cpu", "gloo") for r in range(3)]
+
+
+def test_a_raising_rank_is_named(cluster):
+    def fail_on_two():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 2:
+            raise KeyError("missing on purpose")
+        return "ok"
+
+    with pytest.raises(WorkerError, match=r"rank 2 raised KeyError") as e:
+        cluster.run(fail_on_two)
+    assert e.value.rank == 2
+    assert [g[0] for g in cluster.run(rank_info)] == [0, 1, 2]  # still usable
+
+
+def test_a_killed_engine_is_named_within_the_timeout():
+    c = Cluster(n=3, timeout=20)
+    pids = c.pids()
+    victim = c.workers[1]["pid"]
+    try:
+        def blocked_allreduce():
+            import torch
+            import torch.distributed as dist
+
+            t = torch.ones(1)
+            time.sleep(1.0)
+            dist.all_reduce(t)
+            return t.item()
+
+        threading.Timer(0.3, os.kill, (victim, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLostError, match=rf"rank 1 \(engine \d+, pid {victim}") as e:
+            c.run(blocked_allreduce)
+        assert e.value.ranks == [1]
+        assert time.monotonic() - t0 < 20
+        c.restart()  # a fresh world in the same process
+        assert [g[:2] for g in c.run(rank_info)] == [(0, 3), (1, 3), (2, 3)]
+        pids += c.pids()
+    finally:
+        c.stop()
+    assert gone(pids)
+
+
+def test_a_hung_engine_times_out_naming_its_rank():
+    c = Cluster(n=2, timeout=3)
+    pids = c.pids()
+    try:
+        def hang_on_zero():
+            import torch.distributed as dist
+
+            if dist.get_rank() == 0:
+                time.sleep(30)
+
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"rank 0 did not finish hang_on_zero within 3 s") as e:
+            c.run(hang_on_zero)
+        assert e.value.ranks == [0]
+        assert time.monotonic() - t0 < 6
+    finally:
+        c.stop()
+    assert gone(pids)
+
+
+def test_resize_reforms_the_world_and_stop_leaves_nothing():
+    c = Cluster(n=2, timeout=30)
+    started = set(c.pids())
+    try:
+        assert [g[:2] for g in c.run(rank_info)] == [(0, 2), (1, 2)]
+        c.resize(4)
+        started |= set(c.pids())
+        assert [g[:4] for g in c.run(rank_info)] == [(r, 4, "gloo", 6.0) for r in range(4)]
+        c.resize(1)
+        assert c.run(rank_info)[0][:2] == (0, 1)
+        assert len(c.pids()) == 2  # controller + one engine: the others were shut down
+    finally:
+        c.stop()
+    assert gone(started)
+    assert c.pids() == []
+    c.stop()  # idempotent
+
+
+def test_context_manager_and_start_time():
+    t0 = time.monotonic()
+    with Cluster(n=4, timeout=30) as c:
+        ready = time.monotonic() - t0
+        pids = c.pids()
+        assert len(pids) == 5
+        assert [g[0] for g in c.run(rank_info)] == [0, 1, 2, 3]
+    assert gone(pids)
+    # the issue's target is <= 15 s on 2 cores; this only guards against a gross regression
+    assert ready < 60
+
+
+def test_engines_exit_when_the_kernel_is_killed(tmp_path):
+    """A kernel killed with SIGKILL runs no atexit: the engines notice and take the
+    controller with them."""
+    script = tmp_path / "kernel.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from ddnb.cluster import Cluster
+        c = Cluster(n=2, timeout=30)
+        print(" ".join(map(str, c.pids())), flush=True)
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3
+        proc.kill()
+        proc.wait()
+        assert gone(pids, within=15)
+    finally:
+        proc.kill()
+
+
+@requires_horovod
+def test_horovod_on_the_same_engines():
+    def both():
+        import horovod.torch as hvd
+        import torch
+        import torch.distributed as dist
+
+        x = torch.arange(3.0) + dist.get_rank()
+        return hvd.rank(), hvd.size(), hvd.local_rank(), hvd.allreduce(x, op=hvd.Sum).tolist()
+
+    with Cluster(n=2, horovod=True, timeout=30) as c:
+        assert c.run(both) == [(0, 2, 0, [1.0, 3.0, 5.0]), (1, 2, 1, [1.0, 3.0, 5.0])]
+        c.resize(3)
+        assert [g[:2] for g in c.run(both)] == [(0, 3), (1, 3), (2, 3)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=0), r"n=0 workers: accepted are 1 to 64"),
+    (dict(n=-2), r"accepted are 1 to 64"),
+    (dict(n=1000), r"n=1000 workers: accepted are 1 to 64"),
+    (dict(n=2.5), r"n must be an integer"),
+    (dict(n="4"), r"n must be an integer"),
+    (dict(backend="mpi"), r"backend='mpi' is not one of \('auto', 'gloo', 'nccl'\)"),
+    (dict(timeout=0), r"timeout must be a positive number"),
+    (dict(threads=0), r"threads must be an integer >= 1"),
+])
+def test_bad_arguments_fail_before_anything_starts(kwargs, message):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match=message):
+        Cluster(**kwargs)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_backend_selection():
+    assert _choose_backend("auto", ["a", "a"], [0, 0]) == ("gloo", None)
+    assert _choose_backend("auto", ["a", "a"], [2, 2]) == ("nccl", None)
+    assert _choose_backend("auto", ["a", "a", "b", "b"], [2, 2, 2, 2]) == ("nccl", None)
+    backend, note = _choose_backend("auto", ["a", "a", "a"], [1, 1, 1])
+    assert backend == "gloo" and "a: 3 workers but 1 GPU" in note
+    assert _choose_backend("gloo", ["a"], [8]) == ("gloo", None)
+    with pytest.raises(ValueError, match=r"backend='nccl' needs one GPU per worker \(b: 2 workers but 1 GPU\)"):
+        _choose_backend("nccl", ["a", "b", "b"], [1, 1, 1])
+    with pytest.raises(ValueError, match="needs one GPU per worker"):
+        _choose_backend("nccl", ["a"], [0])
+
+
+def test_resize_rejects_bad_sizes(cluster):
+    with pytest.raises(ValueError, match="accepted are 1 to 64"):
+        cluster.resize(0)

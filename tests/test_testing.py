@@ -1,0 +1,107 @@
+"""ddnb.testing itself: results in rank order, errors that name the rank, no hang."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.testing import World, run_world
+from conftest import requires_horovod
+
+
+def rank_and_sum():
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item(), torch.get_num_threads()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_results_in_rank_order(world, n):
+    got = world(n).run(rank_and_sum)
+    total = n * (n + 1) / 2
+    assert got == [(r, n, total, 1) for r in range(n)]
+
+
+def test_run_ranks_gives_each_rank_its_arguments(world):
+    got = world(2).run_ranks(lambda x: x * 10 + dist.get_rank(), [(1,), (2,)])
+    assert got == [10, 21]
+
+
+def test_a_raising_rank_is_named(world):
+    def fail_on_one():
+        if dist.get_rank() == 1:
+            raise ValueError("bad value on purpose")
+        return "fine"
+
+    w = world(3)
+    with pytest.raises(WorkerError, match=r"(?s)rank 1 raised.*ValueError: bad value on purpose") as e:
+        w.run(fail_on_one)
+    assert e.value.rank == 1
+    assert not w.broken  # the others finished: the world is still usable
+    assert w.run(lambda: dist.get_rank()) == [0, 1, 2]
+
+
+def test_a_dying_rank_is_named_and_nobody_hangs():
+    def die_on_two():
+        if dist.get_rank() == 2:
+            os._exit(3)
+        t = torch.ones(1)
+        dist.all_reduce(t)  # ranks 0 and 1 block here: rank 2 never comes
+        return t.item()
+
+    w = World(3, timeout=30)
+    pids = w.pids()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerLostError, match=r"rank 2 .* died with exit code 3") as e:
+        w.run(die_on_two)
+    assert e.value.ranks == [2]
+    assert time.monotonic() - t0 < 10
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_a_hung_rank_times_out_and_is_killed():
+    w = World(2, timeout=30)
+    pids = w.pids()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=r"ranks \[1\] did not finish") as e:
+        w.run(lambda: time.sleep(60) if dist.get_rank() == 1 else None, timeout=2)
+    assert e.value.ranks == [1]
+    assert time.monotonic() - t0 < 10
+    assert w.broken and not any(_alive(p) for p in pids)
+
+
+def test_run_world_one_shot():
+    assert run_world(2, lambda a, b=0: a + b + dist.get_rank(), 5, b=1) == [6, 7]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_world_size(bad):
+    with pytest.raises(ValueError, match="n >= 1"):
+        World(bad)
+
+
+@requires_horovod
+def test_horovod_world_agrees_with_torch(world):
+    def both():
+        import horovod.torch as hvd
+
+        x = torch.arange(4.0) * (dist.get_rank() + 1)
+        y = x.clone()
+        dist.all_reduce(y)
+        return hvd.rank(), hvd.size(), hvd.allreduce(x, op=hvd.Sum).tolist(), y.tolist()
+
+    got = world(2, horovod=True).run(both)
+    assert [g[:2] for g in got] == [(0, 2), (1, 2)]
+    assert all(g[2] == g[3] == [0.0, 3.0, 6.0, 9.0] for g in got)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
