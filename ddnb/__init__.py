@@ -1,2 +1,25 @@
-"""ddnb: distributed deep-learning training, built step by step in notebooks."""
+"""ddnb: distributed deep-learning training, built step by step in notebooks.
+
+What a learner types in a notebook is re-exported here; the rest is reached by its module
+path (ddnb.testing, ddnb.viz, ...). Imports are lazy, so worker processes that only need
+`ddnb.worker_env` do not pay for ipyparallel or matplotlib.
+"""
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Cluster": "ddnb.cluster",
+    "ClusterError": "ddnb.errors",
+    "WorkerError": "ddnb.errors",
+    "WorkerLostError": "ddnb.errors",
+    "WorkerTimeoutError": "ddnb.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'ddnb' has no attribute {name!r}")

@@ -320,6 +320,16 @@ class Cluster:
         self.client = self.view = self._ipp = None
         self._engine_pids, self._controller_pid = set(), None
 
+    def table(self):
+        """One row per rank: where it runs and what it runs with (a pandas DataFrame)."""
+        import pandas as pd
+
+        cols = ["rank", "local_rank", "engine_id", "host", "pid", "device", "backend", "torch", "horovod"]
+        rows = [{c: w.get(c) for c in cols} for w in self.workers]
+        for row in rows:
+            row["horovod"] = row["horovod"] if self.horovod else None
+        return pd.DataFrame(rows, columns=cols).set_index("rank")
+
     def pids(self) -> list[int]:
         """Process ids of the processes this cluster started (controller and engines)."""
         return sorted(self._engine_pids | ({self._controller_pid} if self._controller_pid else set()))

@@ -1,0 +1,44 @@
+"""Timing a collective on every rank the way benchmarks do (nccl-tests, OSU): warm up,
+line the ranks up with a barrier, time `iters` calls, and report the slowest rank's
+mean, since a collective is finished only when its last rank is.
+Taught in `notebooks/00_getting_started.ipynb`; used by `ddnb.bench`."""
+from __future__ import annotations
+
+import time
+
+
+def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None, group=None) -> float:
+    """Seconds per call of op(tensor) on a tensor of `numel` elements, the slowest rank's
+    mean over `iters` calls. Call it on every rank of the group at once."""
+    import torch
+    import torch.distributed as dist
+
+    if numel < 0 or iters < 1 or warmup < 0:
+        raise ValueError(f"need numel >= 0, iters >= 1, warmup >= 0; got {numel}, {iters}, {warmup}")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    x = torch.ones(numel, dtype=dtype or torch.float32, device=device)
+    for _ in range(warmup):
+        op(x)
+    _sync(device)
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op(x)
+    _sync(device)
+    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return elapsed.item()
+
+
+def time_allreduce(numel: int, iters: int = 10, warmup: int = 2) -> float:
+    """torch.distributed.all_reduce on a float32 tensor of `numel` elements, in seconds."""
+    import torch.distributed as dist
+
+    return time_collective(dist.all_reduce, numel, iters, warmup)
+
+
+def _sync(device) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
