@@ -378,15 +378,19 @@ class Cluster:
         label = lambda k: (f"rank {ranks_of[engine_ids[k]]}" if engine_ids[k] in ranks_of
                            else f"engine {engine_ids[k]}")
         while True:
-            pending = []
+            pending, failed = [], []
             for k, ar in enumerate(ars):
                 if not ar.ready():
                     pending.append(k)
                 elif not ar.successful():
-                    _raise_remote(ar, label(k), what, ranks_of.get(engine_ids[k], -1))
-            if not pending:
+                    failed.append(k)
+            # a task that failed because its engine died (ipyparallel's EngineError) is a lost worker
+            dead = [k for k in pending + failed if self._engine_dead(engine_ids[k]) or _engine_error(ars[k])]
+            for k in failed:
+                if k not in dead:
+                    _raise_remote(ars[k], label(k), what, ranks_of.get(engine_ids[k], -1))
+            if not pending and not dead:
                 return [ar.get() for ar in ars]
-            dead = [k for k in pending if self._engine_dead(engine_ids[k])]
             if dead:
                 names = ", ".join(f"{label(k)} ({self._where(engine_ids[k])})" for k in dead)
                 raise WorkerLostError([ranks_of.get(engine_ids[k], -1) for k in dead],
@@ -433,6 +437,21 @@ def _push_namespace(names: dict, horovod: bool) -> None:
         import horovod.torch as hvd
 
         ns["hvd"] = hvd
+
+
+def _engine_error(ar) -> bool:
+    """True when ipyparallel failed this task because its engine died."""
+    if not ar.ready() or ar.successful():
+        return False
+    try:
+        ar.get(0)
+    except ipp.error.EngineError:
+        return True
+    except ipp.error.RemoteError as e:
+        return e.ename == "EngineError"
+    except Exception:
+        return False
+    return False
 
 
 def _raise_remote(ar, label, what, rank):

@@ -57,7 +57,7 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env):
     while True:
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent is gone
             break
         if msg is None:
             break
@@ -135,13 +135,16 @@ class World:
                 r = next((r for r in pending if obj in (self._conns[r], self._procs[r].sentinel)), None)
                 if r is None:
                     continue
-                if obj is self._procs[r].sentinel and not self._conns[r].poll():
+                try:
+                    kind, payload = self._conns[r].recv() if self._conns[r].poll() else ("lost", None)
+                except (EOFError, OSError):
+                    kind, payload = "lost", None
+                if kind == "lost":
                     self._procs[r].join(1)
                     code = self._procs[r].exitcode
                     self.close(kill=True)
                     raise WorkerLostError([r], f"rank {r} (pid {self._procs[r].pid}) died with exit code "
                                                f"{code} while running {what}")
-                kind, payload = self._conns[r].recv()
                 pending.discard(r)
                 if kind == "err":
                     errors[r] = payload

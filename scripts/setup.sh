@@ -27,11 +27,13 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c "import ddnb, 
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-"$PY" -m pip install -q --upgrade pip setuptools wheel
+# pip -q, without the warnings that a machine's pip.conf may add about missing local indexes
+pip_install() { "$PY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+pip_install --upgrade pip setuptools wheel
 echo "setup: installing torch==$TORCH"
-"$PY" -m pip install -q "torch==$TORCH"
+pip_install "torch==$TORCH"
 echo "setup: installing ddnb and its dependencies"
-"$PY" -m pip install -q -e ".[dev,horovod]"
+pip_install -e ".[dev,horovod]"
 bash scripts/install_horovod.sh "$PY"
 echo "$want" >"$stamp"
 echo "setup: done. torch $("$PY" -c 'import torch; print(torch.__version__)'), horovod $("$PY" -c 'import horovod; print(horovod.__version__)')"
