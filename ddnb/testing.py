@@ -18,9 +18,11 @@ naming it, and a world that timed out is killed, never left blocking.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -77,6 +79,24 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env):
     dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def _main_not_reimported():
+    """Spawned ranks need nothing from the parent's __main__ (functions travel by value
+    with cloudpickle), so do not let multiprocessing re-run it in each child: a script
+    without an `if __name__ == "__main__":` guard would otherwise start worlds recursively."""
+    main = sys.modules.get("__main__")
+    saved_file, saved_spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    try:
+        if saved_file is not None:
+            del main.__file__
+        main.__spec__ = None
+        yield
+    finally:
+        if saved_file is not None:
+            main.__file__ = saved_file
+        main.__spec__ = saved_spec
+
+
 class World:
     """N live processes in one gloo process group (and optionally Horovod)."""
 
@@ -95,14 +115,15 @@ class World:
             envs = [self._rendezvous.env(r, iface="lo") for r in range(n)]
         ctx = mp.get_context("spawn")
         self._conns, self._procs = [], []
-        for rank in range(n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
-                            args=(rank, n, self._dir, child, threads, timeout, envs[rank]))
-            p.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(p)
+        with _main_not_reimported():
+            for rank in range(n):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
+                                args=(rank, n, self._dir, child, threads, timeout, envs[rank]))
+                p.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(p)
         self._collect(["ready"] * n, "start-up", timeout)
 
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:

@@ -1,0 +1,52 @@
+"""Plots and widgets draw from plain data, without a cluster."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from ddnb.viz import (AllreduceAnimation, allreduce_steps, plot_allreduce_steps, plot_buffers,
+                      plot_time_vs_workers, plot_timeline)
+from test_trace import sample_events
+
+
+@pytest.mark.parametrize("algorithm", ["naive", "tree", "ring"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_allreduce_steps_end_fully_reduced(algorithm, n):
+    steps = allreduce_steps(algorithm, n)
+    everyone = frozenset(range(n))
+    assert all(held == frozenset([r]) for r, row in enumerate(steps[0]["state"]) for held in row)
+    assert all(held == everyone for row in steps[-1]["state"] for held in row)
+    expected = {"ring": 2 * (n - 1), "naive": 2 * (n - 1), "tree": 2 * (n - 1).bit_length()}[algorithm]
+    assert len(steps) - 1 == expected
+
+
+def test_ring_moves_one_chunk_per_rank_per_step():
+    for step in allreduce_steps("ring", 5)[1:]:
+        assert sorted(src for src, _, _ in step["messages"]) == list(range(5))
+        assert all(len(chunks) == 1 and dst == (src + 1) % 5 for src, dst, chunks in step["messages"])
+
+
+def test_bad_algorithm():
+    with pytest.raises(ValueError, match="not one of"):
+        allreduce_steps("butterfly", 4)
+
+
+def test_plots_draw():
+    ax = plot_timeline(sample_events(), label_bytes=True)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert len(ax.patches) >= 5
+    axes = plot_buffers([[1, 2], [3, 4]], [[4, 6], [4, 6]], title="all-reduce")
+    assert len(axes) == 2
+    fig = plot_allreduce_steps("ring", 4)
+    assert "6 steps" in fig._suptitle.get_text()
+    ax = plot_time_vs_workers({1: 0.001, 2: 0.002})
+    assert list(ax.get_xticks()) == [1, 2]
+
+
+def test_animation_widget_steps():
+    anim = AllreduceAnimation("ring", 4)
+    assert anim.step.max == 6
+    anim.algorithm.value = "naive"
+    anim.n.value = 3
+    assert anim.step.max == 4 and len(anim.steps) == 5
