@@ -225,3 +225,20 @@ def test_backend_selection():
 def test_resize_rejects_bad_sizes(cluster):
     with pytest.raises(ValueError, match="accepted are 1 to 64"):
         cluster.resize(0)
+
+
+@requires_horovod
+def test_horovod_started_and_stopped_on_a_running_cluster(cluster):
+    def hvd_sum():
+        import horovod.torch as hvd
+        import torch
+
+        return hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()
+
+    cluster.start_horovod()
+    try:
+        assert cluster.run(hvd_sum) == [[3.0, 3.0]] * 3
+    finally:
+        cluster.stop_horovod()
+    assert cluster.run(lambda: __import__("horovod.torch").torch.is_initialized()) == [False] * 3
+    assert [g[0] for g in cluster.run(rank_info)] == [0, 1, 2]  # torch.distributed untouched

@@ -50,3 +50,11 @@ def test_animation_widget_steps():
     anim.algorithm.value = "naive"
     anim.n.value = 3
     assert anim.step.max == 4 and len(anim.steps) == 5
+
+
+def test_ring_reduce_scatter_leaves_chunk_r_on_rank_r():
+    """The animation follows ddnb.collectives.ring's schedule."""
+    n = 5
+    steps = allreduce_steps("ring", n)
+    after_rs = steps[n - 1]["state"]
+    assert all(after_rs[r][r] == frozenset(range(n)) for r in range(n))

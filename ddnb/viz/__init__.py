@@ -1,10 +1,11 @@
 """Plots and widgets. Each plot is one function that takes plain data (lists, dicts), so
 it can be drawn and tested without a cluster."""
 from ddnb.viz.allreduce_steps import AllreduceAnimation, allreduce_steps, plot_allreduce_steps
+from ddnb.viz.bandwidth import plot_allreduce_times, plot_bytes_per_rank
 from ddnb.viz.buffers import plot_buffers
 from ddnb.viz.scaling import plot_time_vs_workers
 from ddnb.viz.timeline import plot_timeline
 from ddnb.viz.widgets import WorkerCountExplorer
 
 __all__ = ["AllreduceAnimation", "WorkerCountExplorer", "allreduce_steps", "plot_allreduce_steps",
-           "plot_buffers", "plot_time_vs_workers", "plot_timeline"]
+           "plot_allreduce_times", "plot_buffers", "plot_bytes_per_rank", "plot_time_vs_workers", "plot_timeline"]

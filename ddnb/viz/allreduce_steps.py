@@ -5,7 +5,8 @@ c, the set of ranks whose contributions rank r's copy of chunk c already holds: 
 start, all N ranks at the end. Each step lists the messages sent in it (src, dst, chunks)
 and the state after it. The schedules are those of `ddnb.collectives`:
 ring (Patarasuk & Yuan 2009: N−1 reduce-scatter steps, then N−1 all-gather steps; at step
-s rank r sends chunk (r − s) mod N to r + 1), binomial tree (reduce to rank 0, then
+s rank r sends chunk (r − s − 1) mod N to r + 1, so that rank r ends the
+reduce-scatter holding chunk r), binomial tree (reduce to rank 0, then
 broadcast), and naive (every rank sends to rank 0, which sends the result back).
 """
 from __future__ import annotations
@@ -46,9 +47,9 @@ def allreduce_steps(algorithm: str, n: int) -> list[dict]:
 
     if algorithm == "ring":
         for s in range(n - 1):
-            step("reduce-scatter", [(r, (r + 1) % n, [(r - s) % n]) for r in range(n)], True)
-        for s in range(n - 1):
-            step("all-gather", [(r, (r + 1) % n, [(r + 1 - s) % n]) for r in range(n)], False)
+            step("reduce-scatter", [(r, (r + 1) % n, [(r - s - 1) % n]) for r in range(n)], True)
+        for s in range(n - 1):  # rank r now holds chunk r fully reduced
+            step("all-gather", [(r, (r + 1) % n, [(r - s) % n]) for r in range(n)], False)
     elif algorithm == "tree":
         k = 1
         while k < n:

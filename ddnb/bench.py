@@ -1,0 +1,380 @@
+"""Benchmarks from the command line, in the style of nccl-tests:
+
+    python -m ddnb.bench allreduce --workers 4 --sizes 64KB..64MB --fit
+    ddnb bench allreduce --workers 2 --sizes 4KB,1MB,16MB --algorithms ring,torch --json
+
+`allreduce` times ddnb's from-scratch all-reduces (ring, tree, naive, halving_doubling),
+torch.distributed's and Horovod's on a `ddnb.testing.World` of `--workers` gloo
+processes, for each size. Per (size, algorithm) it reports the time (the slowest rank's
+mean over ~--seconds of calls, the median of --repeats such windows), the algorithm bandwidth algbw = size / time, and the bus bandwidth
+busbw = algbw * 2(N-1)/N (nccl-tests' definition, doc/PERFORMANCE.md: the bytes each
+rank's link carries in an optimal all-reduce, so busbw is comparable with the link's own
+bandwidth whatever N is). The point-to-point bandwidth between ranks 0 and 1 (ping-pong at
+the largest size) is printed as the ceiling. Horovod runs in a world of its own (see
+`allreduce_benchmark`). `--fit` fits the alpha-beta model
+(`ddnb.cost`) to point-to-point measurements only, ping-pong (one link alone) and
+sendrecv (all links busy at once), measured beside each size's all-reduces so that both
+see the same background load, plus a local add for gamma, and prints its prediction
+beside each from-scratch algorithm's measured time (never fitted to the all-reduce
+times it predicts).
+
+One function per benchmark returns its rows (`allreduce_rows`, `p2p_rows`, and
+`allreduce_benchmark`, which runs both and the model as the command does); one subparser
+per benchmark turns a command line into a call and a table. Taught in
+`notebooks/05_allreduce.ipynb` and `notebooks/12_scalability.ipynb`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+ALLREDUCE_ALGORITHMS = ("ring", "tree", "naive", "halving_doubling", "torch", "horovod")
+FROM_SCRATCH = ("ring", "tree", "naive", "halving_doubling")  # ddnb.collectives.<name>_allreduce
+UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+         "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+GB = 1e9  # bandwidths in GB/s = 1e9 bytes/s, as nccl-tests reports them
+
+
+# ---------------------------------------------------------------- sizes and bandwidths
+def parse_size(text: str) -> int:
+    """"4KB" -> 4096. Units B, KB, MB, GB (powers of 1024; KiB, K, ... too); a float32
+    buffer needs a positive multiple of 4 bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in UNITS:
+        raise ValueError(f"cannot parse size {text!r}: expected a number and a unit "
+                         f"(B, KB, MB, GB; KB = 1024 bytes), e.g. 4KB")
+    size = int(m.group(1)) * UNITS[m.group(2).upper()]
+    if size <= 0 or size % 4:
+        raise ValueError(f"size {text!r} = {size} bytes: need a positive multiple of 4 bytes (float32)")
+    return size
+
+
+def parse_sizes(text: str, factor: int = 2) -> list[int]:
+    """"4KB..64MB" -> 4 KB, 8 KB, ..., 64 MB (each size `factor` times the last, the
+    upper end included when it is reached exactly); "4KB,1MB,16MB" -> those sizes."""
+    if ".." in text:
+        lo, _, hi = text.partition("..")
+        lo, hi = parse_size(lo), parse_size(hi)
+        if lo > hi or factor < 2:
+            raise ValueError(f"size range {text!r}: need low <= high and factor >= 2, "
+                             f"got low={lo}, high={hi}, factor={factor}")
+        sizes = [lo]
+        while sizes[-1] * factor <= hi:
+            sizes.append(sizes[-1] * factor)
+        return sizes
+    return [parse_size(s) for s in text.split(",") if s.strip()] or [parse_size(text)]
+
+
+def format_size(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+def busbw_factor(workers: int) -> float:
+    """2(N-1)/N: busbw = algbw * this (nccl-tests, all-reduce)."""
+    return 2 * (workers - 1) / workers
+
+
+# ---------------------------------------------------------------- run on every rank
+def _allreduce_op(algorithm: str, size: int):
+    """The in-place all-reduce `algorithm` as op(tensor), built on this rank."""
+    if algorithm == "torch":
+        import torch.distributed as dist
+
+        return dist.all_reduce
+    if algorithm == "horovod":
+        import horovod.torch as hvd
+
+        name = f"ddnb.bench.allreduce.{size}"  # one fixed name per size, as a training loop has
+        return lambda x: hvd.allreduce_(x, op=hvd.Sum, name=name)
+    import ddnb.collectives as collectives
+    from ddnb.trace import Tracer
+
+    fn, tracer = getattr(collectives, f"{algorithm}_allreduce"), Tracer(enabled=False)
+    return lambda x: fn(x, op="sum", tracer=tracer, check=False)
+
+
+def _timed(measure, target_seconds: float, max_iters: int, repeats: int):
+    """measure(iters) -> seconds per call, the same on every rank. Doubles `iters` until a
+    probe takes ~1/10 of the target, then measures `repeats` windows of `iters` calls,
+    ~target_seconds in all, and returns (the median window's time, iters): on a shared
+    machine a burst of someone else's load spoils one window, not the result."""
+    iters = 1
+    while True:
+        t = measure(iters)
+        if t * iters >= target_seconds / 10 or iters >= max_iters:
+            break
+        iters *= 2
+    iters = max(1, min(max_iters, round(target_seconds / repeats / max(t, 1e-9))))
+    return sorted(measure(iters) for _ in range(repeats))[repeats // 2], iters
+
+
+def rank_allreduce(algorithm: str, size: int, target_seconds: float, repeats: int = 3, max_iters: int = 10_000):
+    """(seconds per all-reduce of `size` bytes, iterations): the slowest rank's mean over
+    `iters` calls (`ddnb.timing.time_collective`), median of `repeats` such windows."""
+    from ddnb.timing import time_collective
+
+    op = _allreduce_op(algorithm, size)
+    return _timed(lambda iters: time_collective(op, size // 4, iters=iters, warmup=1), target_seconds, max_iters,
+                  repeats)
+
+
+def rank_p2p(pattern: str, size: int, target_seconds: float, repeats: int = 3, max_iters: int = 10_000):
+    """(seconds per message of `size` bytes, iterations): "pingpong" between ranks 0 and 1
+    (one link alone), or "sendrecv" (every rank to rank+1 at once: all links busy)."""
+    import ddnb.cost as cost
+
+    fn = {"pingpong": cost.pingpong, "sendrecv": cost.sendrecv}[pattern]
+    return _timed(lambda iters: fn([size], iters=iters, warmup=1)[0], target_seconds, max_iters, repeats)
+
+
+def rank_gamma(size: int) -> float:
+    """Seconds per byte of a local add on this rank (all ranks at once, as in a collective)."""
+    from ddnb.cost import measure_gamma
+
+    return measure_gamma(size, iters=10)
+
+
+# ---------------------------------------------------------------- benchmarks -> rows
+def allreduce_rows(world, sizes, algorithms=FROM_SCRATCH + ("torch",), target_seconds: float = 0.3,
+                   repeats: int = 3, log=None) -> list[dict]:
+    """One row per (size, algorithm): size (bytes), workers, algorithm, time (s, the
+    slowest rank's mean, median of `repeats` windows; see `rank_allreduce`), iters, algbw
+    and busbw (GB/s), ratio_vs_torch (busbw / torch's busbw at that size; None without torch)."""
+    rows, n = [], world.n
+    for size in sizes:
+        for algorithm in algorithms:
+            t, iters = world.run(rank_allreduce, algorithm, size, target_seconds, repeats)[0]
+            algbw = size / t / GB
+            rows.append({"size": size, "workers": n, "algorithm": algorithm, "time": t, "iters": iters,
+                         "algbw": algbw, "busbw": algbw * busbw_factor(n)})
+            if log:
+                log(f"{format_size(size):>6} {algorithm:<16} {t * 1e3:9.3f} ms  ({iters} iters)")
+    return _add_ratios(rows)
+
+
+def _add_ratios(rows: list[dict]) -> list[dict]:
+    torch_bw = {r["size"]: r["busbw"] for r in rows if r["algorithm"] == "torch"}
+    for r in rows:
+        r["ratio_vs_torch"] = r["busbw"] / torch_bw[r["size"]] if r["size"] in torch_bw else None
+    return rows
+
+
+def p2p_rows(world, sizes, pattern: str = "pingpong", target_seconds: float = 0.2,
+             repeats: int = 3) -> list[dict]:
+    """One row per size: pattern, size, time (s per message, see `rank_p2p`) and
+    bw = size / time (GB/s)."""
+    if pattern not in ("pingpong", "sendrecv"):
+        raise ValueError(f"pattern must be 'pingpong' or 'sendrecv', got {pattern!r}")
+    rows = []
+    for size in sizes:
+        t = world.run(rank_p2p, pattern, size, target_seconds, repeats)[0][0]
+        rows.append({"pattern": pattern, "size": size, "time": t, "bw": size / t / GB})
+    return rows
+
+
+def message_sizes(size: int, workers: int) -> list[int]:
+    """The message sizes an all-reduce of `size` bytes sends: a ring chunk (size/workers,
+    rounded down to float32) and the whole vector (naive, tree); the model is fitted on
+    point-to-point times at these sizes."""
+    return sorted({max(4, size // workers // 4 * 4), size})
+
+
+# The model's alpha, beta come from the measurement whose traffic matches the algorithm's:
+# ring and halving-doubling keep every rank sending and receiving at once in every step
+# (sendrecv); naive and tree move one or a few messages at a time (pingpong).
+LINK_PATTERN = {"ring": "sendrecv", "halving_doubling": "sendrecv", "naive": "pingpong", "tree": "pingpong"}
+
+
+def add_predictions(rows: list[dict], params: dict, gamma: float) -> None:
+    """Add the alpha-beta-gamma model's time to the rows of the algorithms it covers:
+    predicted_time with (alpha, beta) = params[LINK_PATTERN[algorithm]], and
+    prediction_error = (predicted - measured) / measured; also pingpong_prediction_error,
+    the textbook model's, with every algorithm on the ping-pong link."""
+    from ddnb.cost import allreduce_time
+
+    for r in rows:
+        if r["algorithm"] in FROM_SCRATCH:
+            args = (r["algorithm"], r["size"], r["workers"])
+            alpha, beta = params[LINK_PATTERN[r["algorithm"]]]
+            r["predicted_time"] = allreduce_time(*args, alpha, beta, gamma)
+            r["prediction_error"] = (r["predicted_time"] - r["time"]) / r["time"]
+            r["pingpong_prediction_error"] = (allreduce_time(*args, *params["pingpong"], gamma) - r["time"]) / r["time"]
+
+
+def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",), target_seconds: float = 0.3,
+                        repeats: int = 3, fit: bool = False, timeout: float = 300,
+                        log=None) -> tuple[list[dict], dict]:
+    """What `python -m ddnb.bench allreduce` measures, in worlds of its own: the rows of
+    `allreduce_rows`, each with link_bw (GB/s, ping-pong at the largest size: the
+    ceiling) and, with fit=True, the model's prediction (`add_predictions`); and the
+    model: {"link": that ping-pong row, "p2p": {pattern: rows}, "alpha_beta": {pattern:
+    (alpha, beta)}, "gamma": seconds per byte}. With fit=True the ping-pong and sendrecv
+    at each size's `message_sizes` are measured right before that size's all-reduces.
+
+    Horovod is measured last, in a second world: an initialized Horovod negotiates in a
+    background thread every cycle even when idle (~70% of one core for 4 idle ranks,
+    measured here), which would slow every other algorithm on a 2-core machine."""
+    from ddnb.cost import fit_alpha_beta
+    from ddnb.testing import World
+
+    p2p, rows = {"pingpong": [], "sendrecv": []}, []
+    with World(workers, timeout=timeout) as world:
+        for size in sizes:
+            if fit:
+                for pattern in p2p:
+                    p2p[pattern] += p2p_rows(world, message_sizes(size, workers), pattern, target_seconds, repeats)
+            rows += allreduce_rows(world, [size], [a for a in algorithms if a != "horovod"], target_seconds,
+                                   repeats, log=log)
+        if not fit:
+            p2p = {"pingpong": p2p_rows(world, [max(sizes)], "pingpong", target_seconds, repeats)}
+        gamma = max(world.run(rank_gamma, min(max(sizes), 64 << 20))) if fit else None
+    if "horovod" in algorithms:
+        with World(workers, timeout=timeout, horovod=True) as world:
+            rows += allreduce_rows(world, sizes, ["horovod"], target_seconds, repeats, log=log)
+        order = {a: i for i, a in enumerate(algorithms)}
+        rows.sort(key=lambda r: (r["size"], order[r["algorithm"]]))
+    model = {"link": max(p2p["pingpong"], key=lambda r: r["size"]), "p2p": p2p}
+    for r in _add_ratios(rows):
+        r["link_bw"] = model["link"]["bw"]
+    if fit:
+        model["alpha_beta"] = {pattern: fit_alpha_beta([r["size"] for r in pr], [r["time"] for r in pr])
+                               for pattern, pr in p2p.items()}
+        model["gamma"] = gamma
+        add_predictions(rows, model["alpha_beta"], gamma)
+    return rows, model
+
+
+# ---------------------------------------------------------------- command line
+def _at_least(minimum, kind=int, why: str = ""):
+    """An argparse type: a number of `kind` >= minimum (> 0 when minimum is 0.0)."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or x < minimum or (minimum == 0 and not x > 0):
+            rule = f"an integer >= {minimum}" if kind is int else "a number > 0"
+            raise argparse.ArgumentTypeError(f"need {rule}{why}, got {text!r}")
+        return x
+    return parse
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
+def _format_time(t: float) -> str:
+    return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
+
+
+def allreduce_table(rows: list[dict]) -> str:
+    fit = any("predicted_time" in r for r in rows)
+    head = f"{'size':>6}  {'algorithm':<16} {'time':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'vs torch':>8}"
+    lines = [head + (f" {'model':>10} {'error':>7} {'pp error':>8}" if fit else "")]
+    for i, r in enumerate(rows):
+        if i and r["size"] != rows[i - 1]["size"]:
+            lines.append("")
+        ratio = "" if r["ratio_vs_torch"] is None else f"{r['ratio_vs_torch']:.2f}"
+        line = (f"{format_size(r['size']):>6}  {r['algorithm']:<16} {_format_time(r['time']):>10} "
+                f"{r['algbw']:>10.3f} {r['busbw']:>10.3f} {ratio:>8}")
+        if "predicted_time" in r:
+            line += (f" {_format_time(r['predicted_time']):>10} {r['prediction_error']:>+7.0%}"
+                     f" {r['pingpong_prediction_error']:>+8.0%}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _cmd_allreduce(parser, args) -> int:
+    from ddnb.rendezvous import horovod_available
+
+    algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS if a != "horovod" or horovod_available()]
+    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
+    if unknown:
+        parser.error(f"unknown algorithms {unknown}; known: {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if "horovod" in algorithms and not horovod_available():
+        parser.error("--algorithms includes horovod, but Horovod with PyTorch is not installed")
+    missing = [a for a in algorithms if a in FROM_SCRATCH and not _has_collective(a)]
+    if missing:
+        parser.error(f"ddnb.collectives has no {', '.join(a + '_allreduce' for a in missing)}")
+    out = sys.stderr if args.json else sys.stdout
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
+          f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
+          f"~{args.seconds} s per measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
+    rows, model = allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
+                                      fit=args.fit, timeout=args.timeout, log=log)
+    link = model["link"]
+    print(f"done; {_load()} (other processes on these cores slow every measurement)", file=out)
+    print(f"point-to-point link, ping-pong ranks 0<->1 at {format_size(link['size'])}: "
+          f"{link['bw']:.3f} GB/s one way ({_format_time(link['time'])}) = the busbw ceiling", file=out)
+    for pattern, (alpha, beta) in model.get("alpha_beta", {}).items():
+        print(f"alpha-beta fit to {pattern} (relative least squares): alpha = {alpha * 1e6:.1f} us, "
+              f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / GB if beta else float('inf'):.2f} GB/s)", file=out)
+    if args.fit:
+        print(f"local add, all ranks at once: gamma = {model['gamma'] * 1e9:.3f} ns/B. model: ring and "
+              f"halving_doubling on the sendrecv fit, naive and tree on the ping-pong fit; "
+              f"'pp error': every algorithm on the ping-pong fit", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(allreduce_table(rows))
+    return 0
+
+
+def _has_collective(algorithm: str) -> bool:
+    try:
+        import ddnb.collectives as collectives
+    except ImportError:
+        return False
+    return hasattr(collectives, f"{algorithm}_allreduce")
+
+
+def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="ddnb benchmarks")
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    p = sub.add_parser("allreduce", help="all-reduce time, algbw and busbw per size and algorithm",
+                       description=__doc__.split("\n\n")[2])
+    p.add_argument("--workers", default=4, help="gloo processes (default 4)",
+                   type=_at_least(2, why=" workers (an all-reduce over one rank moves nothing)"))
+    p.add_argument("--sizes", type=_sizes, default=parse_sizes("4KB..64MB"),
+                   help="LOW..HIGH (powers of 2 from LOW to HIGH) or a comma list; KB = 1024 bytes "
+                        "(default 4KB..64MB)")
+    p.add_argument("--algorithms", type=lambda s: list(dict.fromkeys(a.strip() for a in s.split(",") if a.strip())),
+                   help=f"comma list of {', '.join(ALLREDUCE_ALGORITHMS)} (default: all; horovod if installed)")
+    p.add_argument("--fit", action="store_true", help="fit alpha, beta (ping-pong, sendrecv) and gamma (local "
+                                                      "add) and print the model's time beside the measured one")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--seconds", type=_at_least(0.0, float), default=0.3,
+                   help="target seconds per measurement, all windows together (default 0.3)")
+    p.add_argument("--repeats", type=_at_least(1), default=3,
+                   help="windows per measurement; the median is reported (default 3)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
+                   help="seconds before a stuck world is killed (default 300)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
+    p.set_defaults(run=_cmd_allreduce, parser=p)
+    return parser
+
+
+def main(argv=None, prog: str = "python -m ddnb.bench") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    return args.run(args.parser, args)
+
+
+if __name__ == "__main__":
+    from ddnb.bench import main as _main  # the importable module's functions, which the ranks unpickle
+
+    sys.exit(_main())

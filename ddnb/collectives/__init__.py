@@ -1,0 +1,28 @@
+"""All-reduce, built from point-to-point messages only (`p2p.py`), naive first:
+
+    naive_allreduce              gather to rank 0, reduce, send back        naive.py
+    tree_allreduce               binomial-tree reduce + broadcast           tree.py
+    ring_allreduce               ring reduce-scatter + all-gather           ring.py
+    halving_doubling_allreduce   recursive halving + recursive doubling     halving_doubling.py
+
+Each has torch.distributed's call shape, `fn(tensor, op="sum", group=None, tracer=None)`:
+it reduces `tensor` in place on every rank of `group` and returns it, recording every
+message (and the reduction arithmetic) in the tracer. Ops and the cross-rank input
+check live in `ops.py`. Taught in `notebooks/03_collectives.ipynb` and
+`notebooks/05_allreduce.ipynb`.
+"""
+from ddnb.collectives.halving_doubling import halving_doubling_allreduce
+from ddnb.collectives.naive import naive_allreduce
+from ddnb.collectives.ops import OPS
+from ddnb.collectives.ring import chunk_bounds, ring_allgather, ring_allreduce, ring_reduce_scatter
+from ddnb.collectives.tree import broadcast, reduce, tree_allreduce
+
+ALLREDUCES = {
+    "naive": naive_allreduce,
+    "tree": tree_allreduce,
+    "ring": ring_allreduce,
+    "halving_doubling": halving_doubling_allreduce,
+}
+
+__all__ = ["ALLREDUCES", "OPS", "broadcast", "chunk_bounds", "halving_doubling_allreduce", "naive_allreduce",
+           "reduce", "ring_allgather", "ring_allreduce", "ring_reduce_scatter", "tree_allreduce"]
