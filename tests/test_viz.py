@@ -58,3 +58,11 @@ def test_ring_reduce_scatter_leaves_chunk_r_on_rank_r():
     steps = allreduce_steps("ring", n)
     after_rs = steps[n - 1]["state"]
     assert all(after_rs[r][r] == frozenset(range(n)) for r in range(n))
+
+
+def test_widgets_draw_into_an_image_not_the_cell():
+    anim = AllreduceAnimation("tree", 4)
+    first = bytes(anim.image.value)
+    assert first.startswith(b"\x89PNG")
+    anim.step.value = 2
+    assert bytes(anim.image.value) != first

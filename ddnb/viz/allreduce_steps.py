@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import clear_output, display
+from IPython.display import display
+
+from ddnb.viz.widgets import figure_png
 
 ALGORITHMS = ("naive", "tree", "ring")
 
@@ -121,12 +123,12 @@ class AllreduceAnimation:
         self.play = widgets.Play(interval=900, min=0, max=1, step=1, description="play")
         self.step = widgets.IntSlider(min=0, max=1, description="step")
         widgets.jslink((self.play, "value"), (self.step, "value"))
-        self.output = widgets.Output()
+        self.image = widgets.Image(format="png")
         self.algorithm.observe(lambda _: self._reset(), names="value")
         self.n.observe(lambda _: self._reset(), names="value")
         self.step.observe(lambda _: self.redraw(), names="value")
         self.widget = widgets.VBox([widgets.HBox([self.algorithm, self.n]),
-                                    widgets.HBox([self.play, self.step]), self.output])
+                                    widgets.HBox([self.play, self.step]), self.image])
         self._reset()
 
     def _reset(self):
@@ -138,12 +140,9 @@ class AllreduceAnimation:
 
     def redraw(self):
         i = min(self.step.value, len(self.steps) - 1)
-        with self.output:
-            clear_output(wait=True)
-            ax = draw_step(self.steps[i], self.n.value,
-                           title=f"{self.algorithm.value}: step {i}/{len(self.steps) - 1} ({self.steps[i]['phase']})")
-            display(ax.figure)
-            plt.close(ax.figure)
+        ax = draw_step(self.steps[i], self.n.value,
+                       title=f"{self.algorithm.value}: step {i}/{len(self.steps) - 1} ({self.steps[i]['phase']})")
+        self.image.value = figure_png(ax.figure)
 
     def _ipython_display_(self):
         display(self.widget)

@@ -1,9 +1,15 @@
-"""Widgets that vary the number of workers of a `ddnb.Cluster` and re-measure."""
+"""Widgets that vary the number of workers of a `ddnb.Cluster` and re-measure.
+
+Widgets draw their figures into an `ipywidgets.Image` (PNG bytes), not an Output widget:
+an image is part of the widget's state, so it is saved with the notebook and never leaks
+into the cell's outputs, whoever runs the notebook (JupyterLab, nbclient, nbval)."""
 from __future__ import annotations
+
+import io
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import clear_output, display
+from IPython.display import display
 
 from ddnb.viz.scaling import plot_time_vs_workers
 
@@ -25,9 +31,9 @@ class WorkerCountExplorer:
         self.slider = widgets.IntSlider(value=min(cluster.n, max_workers), min=1, max=max_workers,
                                         description="workers", continuous_update=False)
         self.status = widgets.Label()
-        self.output = widgets.Output()
+        self.image = widgets.Image(format="png")
         self.slider.observe(lambda change: self.measure(change["new"]), names="value")
-        self.widget = widgets.VBox([self.slider, self.status, self.output])
+        self.widget = widgets.VBox([self.slider, self.status, self.image])
 
     def measure(self, n: int) -> float | None:
         """Resize to n workers, measure, redraw. Errors are shown in the widget, not raised
@@ -49,11 +55,16 @@ class WorkerCountExplorer:
         return dict(sorted(self.times.items()))
 
     def redraw(self) -> None:
-        with self.output:
-            clear_output(wait=True)
-            ax = plot_time_vs_workers(self.times, title=self.title, unit=self.unit)
-            display(ax.figure)
-            plt.close(ax.figure)
+        ax = plot_time_vs_workers(self.times, title=self.title, unit=self.unit)
+        self.image.value = figure_png(ax.figure)
 
     def _ipython_display_(self):
         display(self.widget)
+
+
+def figure_png(fig) -> bytes:
+    """The figure as PNG bytes (for an ipywidgets.Image), closed afterwards."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
