@@ -7,6 +7,10 @@ PY     := $(VENV)/bin/python
 # nbval compares stored outputs; sanitize what varies (times, pids, ports, paths).
 NBVAL  := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
 PYTEST_ARGS ?=
+# extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port 8890"
+LAB_ARGS ?=
+# JupyterLab refuses to run as root (containers, CI machines) unless told
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test test-unit test-notebooks notebooks clean help
 
@@ -19,7 +23,7 @@ setup:
 	@PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup.sh
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest tests notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
