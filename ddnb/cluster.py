@@ -69,7 +69,7 @@ class Cluster:
     horovod : also initialize Horovod (over Gloo, without horovodrun) on the same workers.
     timeout : seconds that any wait may take: engine start, process-group set-up, `run`,
         and every collective on the workers.
-    profile, cluster_id : connect to an ipcluster started elsewhere (ssh, MPI, Slurm
+    profile, cluster_id, profile_dir : connect to an ipcluster started elsewhere (ssh, MPI, Slurm
         engines) instead of starting local engines; `stop()` then leaves its engines running.
     master_addr : address of rank 0 for the TCP rendezvous (default: 127.0.0.1 when every
         worker is on this host, else rank 0's host name).
@@ -80,9 +80,10 @@ class Cluster:
 
     def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,
                  timeout: float = 60, *, profile: str | None = None, cluster_id: str | None = None,
+                 profile_dir: str | None = None,
                  master_addr: str | None = None, threads: int | None = None,
                  start_timeout: float | None = None, start: bool = True):
-        self._connect = profile is not None or cluster_id is not None
+        self._connect = profile is not None or cluster_id is not None or profile_dir is not None
         _check_n(n, allow_none=self._connect)
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
@@ -95,6 +96,7 @@ class Cluster:
                              "(run `make lab` or scripts/install_horovod.sh)")
         self.n, self.backend_requested, self.horovod = n, backend, horovod
         self.timeout, self.profile, self.cluster_id = float(timeout), profile, cluster_id
+        self.profile_dir = profile_dir
         self.master_addr, self.threads = master_addr, threads
         self.start_timeout = float(start_timeout or max(self.timeout, 60.0))
         self.backend: str | None = None
@@ -160,19 +162,29 @@ class Cluster:
                      for e in new], new, "watch_parent", self.start_timeout)
 
     def _connect_existing(self) -> None:
-        try:
-            self._ipp = ipp.Cluster.from_file(profile=self.profile or "default", cluster_id=self.cluster_id or "")
-            with _quiet():
-                self.client = self._ipp.connect_client_sync()
-        except FileNotFoundError:
-            self._ipp = None
-            self.client = ipp.Client(profile=self.profile or "default", cluster_id=self.cluster_id or "")
-        want = self.n or 1
+        """Find the ipcluster's cluster file (it may still be starting), connect a client,
+        and wait until it has at least n engines."""
+        where = {"cluster_id": self.cluster_id or ""}
+        where.update({"profile_dir": self.profile_dir} if self.profile_dir else {"profile": self.profile or "default"})
+        described = ", ".join(f"{k}={v!r}" for k, v in where.items())
         deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                self._ipp = ipp.Cluster.from_file(**where)
+                break
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise WorkerTimeoutError([], f"no ipcluster found ({described}) within {self.start_timeout:.0f} s; "
+                                                 "start one first, e.g. `ipcluster start -n 4 --cluster-id=ID "
+                                                 "--engines=ssh`") from None
+                time.sleep(0.2)
+        with _quiet():
+            self.client = self._ipp.connect_client_sync()
+        want = self.n or 1
         while len(self.client.ids) < want:
             if time.monotonic() > deadline:
-                raise WorkerTimeoutError([], f"the ipcluster (profile={self.profile!r}, cluster_id={self.cluster_id!r}) "
-                                             f"has {len(self.client.ids)} engines, {want} wanted, after {self.start_timeout:.0f} s")
+                raise WorkerTimeoutError([], f"the ipcluster ({described}) has {len(self.client.ids)} engines, "
+                                             f"{want} wanted, after {self.start_timeout:.0f} s")
             time.sleep(0.1)
 
     def _engine_ids(self) -> list[int]:

@@ -242,3 +242,32 @@ def test_horovod_started_and_stopped_on_a_running_cluster(cluster):
         cluster.stop_horovod()
     assert cluster.run(lambda: __import__("horovod.torch").torch.is_initialized()) == [False] * 3
     assert [g[0] for g in cluster.run(rank_info)] == [0, 1, 2]  # torch.distributed untouched
+
+
+def test_connect_to_an_ipcluster_started_elsewhere(tmp_path):
+    """The several-machines path: ipcluster (here: local engines, in another process) is
+    started on its own, and Cluster connects to it by cluster id and profile directory.
+    stop() leaves that ipcluster's engines running: they are not ours."""
+    from ddnb import timing, worker_env
+
+    ipcluster = os.path.join(os.path.dirname(sys.executable), "ipcluster")
+    args = ["--cluster-id=ddnb-test", f"--profile-dir={tmp_path}"]
+    proc = subprocess.Popen([ipcluster, "start", "-n", "3", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        c = Cluster(n=2, cluster_id="ddnb-test", profile_dir=str(tmp_path), timeout=30)
+        assert [w["rank"] for w in c.workers] == [0, 1] and c.backend == "gloo"
+        pids = c.run(os.getpid)
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert c.run(timing.time_allreduce, 1000, iters=2)[0] > 0  # a real all-reduce on the world
+        assert [i["pid"] for i in c.run(worker_env.describe)] == pids
+        c.stop()
+        assert all(psutil.pid_exists(p) for p in pids)  # the external engines keep running
+    finally:
+        subprocess.run([ipcluster, "stop", *args], capture_output=True, timeout=60)
+        proc.wait(timeout=60)
+
+
+def test_connect_without_an_ipcluster_says_so(tmp_path):
+    with pytest.raises(WorkerTimeoutError, match=r"no ipcluster found \(cluster_id='nope', profile_dir=.*ipcluster start"):
+        Cluster(n=2, cluster_id="nope", profile_dir=str(tmp_path), start_timeout=1)
