@@ -66,3 +66,20 @@ def test_widgets_draw_into_an_image_not_the_cell():
     assert first.startswith(b"\x89PNG")
     anim.step.value = 2
     assert bytes(anim.image.value) != first
+
+
+def test_parameter_server_plots_draw_from_plain_results():
+    from ddnb.viz.parameter_server import applied, plot_convergence, plot_staleness, plot_traffic, server_history
+
+    server = {"role": "server", "history": [{"time": 0.1, "version": 1, "loss": 2.0}, {"time": 0.2, "version": 2, "loss": 1.0}],
+              "applied": [{"worker": 1, "staleness": 0}, {"worker": 2, "staleness": 2}]}
+    runs = {"asp": [server, {"role": "worker"}]}
+    assert server_history(runs["asp"])[1]["loss"] == 1.0
+    assert [a["staleness"] for a in applied(runs["asp"])] == [0, 2]
+    axes = plot_convergence(runs)
+    assert len(axes[0].lines) == 1 and list(axes[1].lines[0].get_xdata()) == [1, 2]
+    ax = plot_staleness(runs)
+    assert [round(p.get_height(), 2) for p in ax.patches] == [0.5, 0.0, 0.5]
+    ax = plot_traffic({"sent": [4 << 20, 1 << 20], "received": [4 << 20, 1 << 20]}, steps=2, servers=1)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["server\nrank 0", "worker\nrank 1"]
+    assert sorted(p.get_height() for p in ax.patches) == [0.5, 0.5, 2.0, 2.0]

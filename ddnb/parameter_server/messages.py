@@ -1,0 +1,152 @@
+"""The parameter server's wire protocol: what a worker and a server say to each other.
+
+Every message is a small fixed-size header, (5,) float64 = 40 bytes,
+
+    [kind, clock, version, loss, arg]
+
+followed, for "push" and "params", by a payload: the flat float32 slice of the parameter
+vector that the server holds (S_j bytes for shard j, S for a central server):
+
+    worker -> server   pull    header                    "send me the parameters"
+    worker -> server   push    header + gradient (S_j)   clock = the step it belongs to,
+                                                         version = the parameters it used, loss
+    worker -> server   done    header                    "I finished my steps"
+    server -> worker   params  header + parameters (S_j) clock = the worker's step (as the
+                                                         server counts it), version
+    server -> worker   stop    header                    arg = the rank that was lost
+
+so one step costs a worker one pull and one push per server, as in Li et al. 2014,
+"Scaling Distributed Machine Learning with the Parameter Server" (OSDI), Sec. 3.1-3.2.
+Headers and payloads go through `ddnb.collectives.p2p`, so each is a traced "send" /
+"recv" event named after its message ("pull", "push", "params", "done", "stop").
+
+A server cannot know which worker speaks next, so its `Receiver` thread posts a receive
+from *any* source for the next header, then receives that sender's payload; a pair of
+ranks never reorders its messages (header, payload, header, ...), so a header receive
+never meets a payload. The thread hands (src, header, payload) to the server's loop
+through a queue. It never waits with a timeout: on gloo a timed-out wait closes the
+group's connections. Taught in `notebooks/04_parameter_server.ipynb`.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ddnb.collectives import p2p
+from ddnb.trace import Tracer, get_tracer
+
+PULL, PUSH, DONE, PARAMS, STOP = 1, 2, 3, 4, 5
+NAMES = {PULL: "pull", PUSH: "push", DONE: "done", PARAMS: "params", STOP: "stop"}
+FIELDS = ("kind", "clock", "version", "loss", "arg")
+HEADER_BYTES = 8 * len(FIELDS)
+
+
+class ParameterServerError(RuntimeError):
+    """Training stopped on purpose: a lost worker in synchronous mode, a stop message.
+    `ranks` are the ranks the message names (the lost ones)."""
+
+    def __init__(self, message: str, ranks=()):
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+def header(kind: int, clock: int = 0, version: int = 0, loss: float = float("nan"), arg: int = -1) -> torch.Tensor:
+    """A header (5,) float64; float64 holds every integer below 2**53 exactly."""
+    return torch.tensor([kind, clock, version, loss, arg], dtype=torch.float64)
+
+
+def empty_header() -> torch.Tensor:
+    return torch.zeros(len(FIELDS), dtype=torch.float64)
+
+
+def decode(h: torch.Tensor) -> dict:
+    """{"kind": "push", "clock": 3, "version": 12, "loss": 0.41, "arg": -1}."""
+    kind, clock, version, loss, arg = h.tolist()
+    return {"kind": NAMES.get(int(kind), f"unknown({kind})"), "clock": int(clock), "version": int(version),
+            "loss": loss, "arg": int(arg)}
+
+
+def send_message(kind: int, dst: int, group, tracer: Tracer | None = None, payload: torch.Tensor | None = None,
+                 **fields) -> None:
+    """Send a header (and a payload after it) to `dst`, both traced under the kind's name."""
+    name = NAMES[kind]
+    p2p.send(header(kind, **fields), dst, group, tracer, name=name)
+    if payload is not None:
+        p2p.send(payload.detach().contiguous(), dst, group, tracer, name=name)
+
+
+def recv_any(tensor: torch.Tensor, group, tracer: Tracer | None = None, name=None) -> int:
+    """Receive into `tensor` from whichever rank of `group` sends first; returns its rank
+    (within `group`). Traced as a "recv" from posting to arrival, named name(tensor) when
+    `name` is a function of the received tensor."""
+    start = time.time()
+    work = dist.irecv(tensor, src=None, group=group)   # any source
+    work.wait()
+    src = work._source_rank()
+    label = name(tensor) if callable(name) else (name or "recv")
+    get_tracer(tracer).record("recv", label, start, time.time(), peer=src, nbytes=p2p.nbytes(tensor))
+    return src
+
+
+def wait_within(pending: p2p.Pending, timeout: float) -> None:
+    """Complete a posted p2p message within `timeout` s or raise RuntimeError; records its
+    event as `pending.wait()` does (which must not be called as well: on gloo a second
+    wait takes the next message). A wait that times out breaks its group's connections,
+    so use this only where the group is given up on failure."""
+    pending.work.wait(timeout=timedelta(seconds=timeout))
+    pending.done = True
+    get_tracer(pending.tracer).record(pending.kind, pending.name, pending.start, time.time(),
+                                      peer=pending.peer, nbytes=pending.size)
+
+
+class Receiver(threading.Thread):
+    """A server's receiving half: pulls every worker message off the wire, in arrival
+    order, into `self.queue` as (src, header dict, payload or None). Stops after every
+    rank in `workers` has said "done"; if one never does (it died), nothing can wake the
+    thread (gloo cannot send to oneself), so it stays blocked in its receive until the
+    group's timeout (`session_timeout`: 2·worker_timeout + 10 s), then exits quietly; its
+    group is used by no later run. A worker that dies for real does not disturb the
+    receive: messages of the other workers still arrive. An error becomes
+    (None, exception, None)."""
+
+    def __init__(self, group, payload_numel: int, workers, tracer: Tracer | None = None):
+        super().__init__(name="ddnb-ps-receiver", daemon=True)
+        self.group, self.numel, self.tracer = group, payload_numel, tracer
+        self.open = set(workers)
+        self.queue: queue.Queue = queue.Queue()
+
+    def run(self) -> None:
+        try:
+            while self.open:
+                h = empty_header()
+                src = recv_any(h, self.group, self.tracer, name=lambda t: NAMES.get(int(t[0]), "header"))
+                msg = decode(h)
+                payload = None
+                if msg["kind"] == "push":
+                    payload = torch.empty(self.numel, dtype=torch.float32)   # (S_j,)
+                    p2p.recv(payload, src, self.group, self.tracer, name="push")
+                elif msg["kind"] == "done":
+                    self.open.discard(src)
+                self.queue.put((src, msg, payload))
+        except Exception as e:  # noqa: BLE001 - the server loop decides what it means
+            self.queue.put((None, e, None))
+
+
+def traffic(events: list[dict], world_size: int | None = None) -> dict:
+    """Bytes each rank sent and received, in total and per message name, from traced
+    events: {"sent": [..], "received": [..], "by_name": {name: {"sent": [..], "received": [..]}}}."""
+    n = world_size if world_size is not None else 1 + max((e["rank"] for e in events), default=-1)
+    out = {"sent": [0] * n, "received": [0] * n, "by_name": {}}
+    for e in events:
+        key = {"send": "sent", "recv": "received"}.get(e["kind"])
+        if key is None:
+            continue
+        out[key][e["rank"]] += e["nbytes"]
+        per = out["by_name"].setdefault(e["name"], {"sent": [0] * n, "received": [0] * n})
+        per[key][e["rank"]] += e["nbytes"]
+    return out

@@ -1,0 +1,140 @@
+"""Plots of parameter-server runs, from the plain dicts `ddnb.parameter_server.train`
+returns on each rank and the traffic counted from traces (`parameter_server.traffic`)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+
+def plot_traffic(traffic: dict, steps: int, servers: int, ax=None, title: str = ""):
+    """Megabytes each rank sent and received per step; server ranks (0..servers-1) hatched."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    n = len(traffic["sent"])
+    xs = range(n)
+    sent = [b / steps / 2**20 for b in traffic["sent"]]
+    received = [b / steps / 2**20 for b in traffic["received"]]
+    hatch = ["//" if r < servers else "" for r in xs]
+    for r in xs:
+        ax.bar(r - 0.2, sent[r], width=0.4, color="#dd8452", hatch=hatch[r], label="sent" if r == 0 else None)
+        ax.bar(r + 0.2, received[r], width=0.4, color="#55a868", hatch=hatch[r], label="received" if r == 0 else None)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{'server' if r < servers else 'worker'}\nrank {r}" for r in xs], fontsize=8)
+    ax.set_ylabel("MB per step")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def server_history(results: list[dict]) -> list[dict]:
+    """The update history of the (first) server rank: [{time, version, loss}]."""
+    for r in results:
+        if r.get("history"):
+            return r["history"]
+    return []
+
+
+def applied(results: list[dict]) -> list[dict]:
+    """Every gradient the servers applied: [{worker, staleness, time, ...}]."""
+    return [a for r in results for a in r.get("applied", [])]
+
+
+def plot_convergence(runs: dict[str, list[dict]], axes=None, title: str = ""):
+    """Training loss against wall time (left) and against server updates (right), one
+    line per run; `runs` maps a label to the list `train` returned on every rank."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    for i, (label, results) in enumerate(runs.items()):
+        hist = [h for h in server_history(results) if h.get("loss") == h.get("loss")]  # drop NaN
+        axes[0].plot([h["time"] for h in hist], [h["loss"] for h in hist], color=f"C{i}", label=label, lw=1)
+        axes[1].plot([h["version"] for h in hist], [h["loss"] for h in hist], color=f"C{i}", label=label, lw=1)
+    axes[0].set_xlabel("wall time (s)")
+    axes[1].set_xlabel("server updates (version)")
+    for ax in axes:
+        ax.set_ylabel("training loss")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        axes[0].figure.suptitle(title)
+    return axes
+
+
+def plot_staleness(runs: dict[str, list[dict]], ax=None, title: str = ""):
+    """Histogram of the staleness of every applied gradient (server version at apply time
+    minus the version the worker computed on), one group of bars per run."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    labels = list(runs)
+    values = {label: [a["staleness"] for a in applied(runs[label])] for label in labels}
+    top = max((max(v) for v in values.values() if v), default=0)
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        v = values[label]
+        counts = [v.count(s) / max(1, len(v)) for s in range(top + 1)]
+        ax.bar([s + (i - (len(labels) - 1) / 2) * width for s in range(top + 1)], counts, width=width,
+               label=label, color=f"C{i}")
+    ax.set_xlabel("staleness (versions behind)")
+    ax.set_ylabel("fraction of gradients")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+class ParameterServerExplorer:
+    """Widgets for the knobs of a parameter-server run (workers, server shards, mode,
+    staleness bound, straggler delay, steps); Run trains on the cluster and draws the
+    convergence, the staleness and the traffic. Results of every run are kept in `runs`."""
+
+    def __init__(self, cluster, model_fn, train_set, max_workers: int = 4, steps: int = 100, **config):
+        import ipywidgets as widgets
+
+        self.cluster, self.model_fn, self.train_set, self.config = cluster, model_fn, train_set, config
+        self.runs: dict[str, list[dict]] = {}
+        self.workers = widgets.IntSlider(value=max_workers, min=1, max=max_workers, description="workers")
+        self.servers = widgets.IntSlider(value=1, min=1, max=2, description="servers")
+        self.mode = widgets.Dropdown(options=["bsp", "asp", "ssp"], value="bsp", description="mode")
+        self.staleness = widgets.IntSlider(value=2, min=0, max=8, description="staleness s")
+        self.delay = widgets.FloatSlider(value=0.0, min=0.0, max=0.05, step=0.005, readout_format=".3f",
+                                         description="straggler s")
+        self.steps = widgets.IntSlider(value=steps, min=10, max=400, step=10, description="steps")
+        self.button = widgets.Button(description="Run", button_style="primary")
+        self.status = widgets.Label()
+        self.image = widgets.Image(format="png")
+        self.button.on_click(lambda _: self.run())
+        self.widget = widgets.VBox([widgets.HBox([self.workers, self.servers, self.mode]),
+                                    widgets.HBox([self.staleness, self.delay, self.steps]),
+                                    widgets.HBox([self.button, self.status]), self.image])
+
+    def run(self):
+        """Train once with the widgets' values; errors are shown, not raised."""
+        from ddnb.parameter_server import PSConfig, train
+        from ddnb.viz.widgets import figure_png
+
+        k, n = self.servers.value, self.workers.value
+        label = f"{self.mode.value}{'(' + str(self.staleness.value) + ')' if self.mode.value == 'ssp' else ''}, " \
+                f"{n} workers, {k} server{'s' if k > 1 else ''}, straggler {self.delay.value * 1e3:.0f} ms"
+        self.status.value = f"running {label}..."
+        try:
+            config = PSConfig(servers=k, mode=self.mode.value, staleness=self.staleness.value,
+                              steps=self.steps.value, straggler_rank=k + n - 1 if self.delay.value else None,
+                              straggler_delay=self.delay.value, **self.config)
+            config.validate(k + n)
+            self.cluster.resize(k + n)
+            self.runs[label] = self.cluster.run(train, config, self.model_fn, self.train_set)
+        except Exception as e:  # noqa: BLE001 - shown to the learner
+            self.status.value = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            return None
+        self.status.value = f"done: {label}"
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.5))
+        plot_convergence(self.runs, axes=axes[:2])
+        plot_staleness(self.runs, ax=axes[2])
+        fig.tight_layout()
+        self.image.value = figure_png(fig)
+        return self.runs[label]
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
