@@ -117,7 +117,8 @@ class ParameterServerExplorer:
                 f"{n} workers, {k} server{'s' if k > 1 else ''}, straggler {self.delay.value * 1e3:.0f} ms"
         self.status.value = f"running {label}..."
         try:
-            config = PSConfig(servers=k, mode=self.mode.value, staleness=self.staleness.value,
+            config = PSConfig(servers=k, mode=self.mode.value,
+                              staleness=self.staleness.value if self.mode.value == "ssp" else 0,
                               steps=self.steps.value, straggler_rank=k + n - 1 if self.delay.value else None,
                               straggler_delay=self.delay.value, **self.config)
             config.validate(k + n)
