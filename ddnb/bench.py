@@ -18,6 +18,9 @@ see the same background load, plus a local add for gamma, and prints its predict
 beside each from-scratch algorithm's measured time (never fitted to the all-reduce
 times it predicts).
 
+`dp` times a data-parallel training step per strategy (ddnb's naive and bucketed data
+parallelism, torch DDP, Horovod) on two models; it lives in `ddnb/bench_dp.py`.
+
 One function per benchmark returns its rows (`allreduce_rows`, `p2p_rows`, and
 `allreduce_benchmark`, which runs both and the model as the command does); one subparser
 per benchmark turns a command line into a call and a table. Taught in
@@ -365,7 +368,71 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
                    help="seconds before a stuck world is killed (default 300)")
     p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
     p.set_defaults(run=_cmd_allreduce, parser=p)
+    _add_dp_parser(sub)
     return parser
+
+
+# ---------------------------------------------------------------- dp (ddnb/bench_dp.py)
+def _add_dp_parser(sub) -> None:
+    from ddnb.bench_dp import MODELS, STRATEGIES
+    from ddnb.bench_dp import __doc__ as dp_doc
+
+    def names(known):
+        def parse(text):
+            got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+            unknown = [a for a in got if a not in known]
+            if unknown or not got:
+                raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; known: {', '.join(known)}")
+            return got
+        return parse
+
+    p = sub.add_parser("dp", help="data-parallel step time per strategy (naive, bucketed, ddp, horovod)",
+                       description=dp_doc.split("\n\n")[2])
+    p.add_argument("--workers", default=2, help="gloo processes (default 2)",
+                   type=_at_least(2, why=" workers (data parallelism over one rank syncs nothing)"))
+    p.add_argument("--models", type=names(tuple(MODELS)), default=list(MODELS),
+                   help=f"comma list of {', '.join(MODELS)} (default: both)")
+    p.add_argument("--strategies", type=names(STRATEGIES), default=None,
+                   help=f"comma list of {', '.join(STRATEGIES)} (default: all; horovod if installed)")
+    p.add_argument("--batch", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps", type=_at_least(1), default=20, help="timed steps per strategy (default 20)")
+    p.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps first (default 3)")
+    p.add_argument("--rounds", type=_at_least(1), default=4,
+                   help="the strategies take turns this many times, steps/rounds steps each (default 4)")
+    p.add_argument("--bucket-mb", type=_at_least(0.0, float), default=25.0,
+                   help="BucketedDataParallel's bucket size in MB (default 25, as DDP's)")
+    p.add_argument("--allreduce", default="torch",
+                   help="all-reduce of naive and bucketed: torch or a ddnb.collectives algorithm (default torch)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
+                   help="seconds before a stuck world is killed (default 600)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    p.set_defaults(run=_cmd_dp, parser=p)
+
+
+def _cmd_dp(parser, args) -> int:
+    from ddnb.bench_dp import STRATEGIES, dp_benchmark, dp_table
+    from ddnb.data_parallel.naive import allreduce_names
+    from ddnb.rendezvous import horovod_available
+
+    strategies = args.strategies or [s for s in STRATEGIES if s != "horovod" or horovod_available()]
+    if "horovod" in strategies and not horovod_available():
+        parser.error("--strategies includes horovod, but Horovod with PyTorch is not installed")
+    if args.allreduce not in allreduce_names():
+        parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
+    out = sys.stderr if args.json else sys.stdout
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    print(f"data-parallel training step on {args.workers} gloo processes (ddnb.testing.World), batch {args.batch} "
+          f"per rank, median of {args.steps} steps; bucketed: {args.bucket_mb:g} MB buckets, {args.allreduce} "
+          f"all-reduce; {_load()}", file=out, flush=True)
+    rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
+                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log)
+    print(f"done; {_load()} (other processes on these cores slow every measurement)", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(dp_table(rows))
+    return 0
 
 
 def main(argv=None, prog: str = "python -m ddnb.bench") -> int:

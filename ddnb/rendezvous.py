@@ -61,6 +61,8 @@ class HorovodRendezvous:
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": self.port,
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_TIMEOUT_SECONDS": int(self.timeout),
+            # lets hvd.start_timeline() capture a timeline later (0.28.1 refuses without it)
+            "HOROVOD_TIMELINE": "DYNAMIC",
         }
         if iface is not None:
             env["HOROVOD_GLOO_IFACE"] = iface

@@ -3,9 +3,12 @@ it can be drawn and tested without a cluster."""
 from ddnb.viz.allreduce_steps import AllreduceAnimation, allreduce_steps, plot_allreduce_steps
 from ddnb.viz.bandwidth import plot_allreduce_times, plot_bytes_per_rank
 from ddnb.viz.buffers import plot_buffers
+from ddnb.viz.gradients import (GradientFlowExplorer, plot_bucket_timeline, plot_gradient_heatmap,
+                                plot_horovod_timeline)
 from ddnb.viz.scaling import plot_time_vs_workers
 from ddnb.viz.timeline import plot_timeline
 from ddnb.viz.widgets import WorkerCountExplorer
 
-__all__ = ["AllreduceAnimation", "WorkerCountExplorer", "allreduce_steps", "plot_allreduce_steps",
+__all__ = ["AllreduceAnimation", "GradientFlowExplorer", "WorkerCountExplorer", "plot_bucket_timeline",
+           "plot_gradient_heatmap", "plot_horovod_timeline", "allreduce_steps", "plot_allreduce_steps",
            "plot_allreduce_times", "plot_buffers", "plot_bytes_per_rank", "plot_time_vs_workers", "plot_timeline"]

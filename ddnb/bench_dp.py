@@ -1,0 +1,199 @@
+"""The data-parallel benchmark behind `python -m ddnb.bench dp`:
+
+    python -m ddnb.bench dp --workers 2 --json
+    python -m ddnb.bench dp --workers 4 --bucket-mb 5 --allreduce ring
+
+Times one training step (zero_grad, forward, backward, gradient sync, SGD step) per
+strategy, on a `ddnb.testing.World` of `--workers` gloo processes, for two models of
+about the same FLOPs per sample but opposite shapes:
+
+    many_small   40 × Linear(128, 128)   80 small tensors, 2.6 MB: latency-bound, where
+                                         one all-reduce per tensor (naive) hurts most
+    few_large    3 × Linear(2048, 2048)  6 tensors, 48 MB: bandwidth- and compute-bound
+
+Strategies: "naive" (ddnb NaiveDataParallel), "bucketed" (ddnb BucketedDataParallel,
+`--bucket-mb`, `--allreduce`), "ddp" (torch DistributedDataParallel, its default 25 MB
+buckets), "horovod" (hvd.DistributedOptimizer; measured last, in a world of its own,
+because an initialized Horovod's background thread keeps negotiating even when idle and
+would slow the others on a small machine). The strategies of one world take turns, a
+few steps each, `--rounds` times, so that background load hits them alike. A step's time
+is the slowest rank's; a row reports the median over the timed steps (after `--warmup`),
+`ddp_step_time` (DDP's, same model, same run) and, for "bucketed", the fraction of its
+communication hidden behind backward (`ddnb.data_parallel.overlap_stats` on its trace).
+Taught in `notebooks/06_data_parallel.ipynb` and `notebooks/07_horovod.ipynb`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+MODELS = {"many_small": (128, 40), "few_large": (2048, 3)}   # name -> (width, layers)
+STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
+
+
+def bench_model(name: str, seed: int = 0, width: int | None = None, layers: int | None = None):
+    """`layers` × (Linear(width, width), ReLU) with the last ReLU dropped, seeded."""
+    import torch
+    from torch import nn
+
+    if name not in MODELS:
+        raise ValueError(f"model {name!r} is not one of {list(MODELS)}")
+    w, d = MODELS[name]
+    w, d = width or w, layers or d
+    torch.manual_seed(seed)
+    mods = []
+    for i in range(d):
+        mods += [nn.Linear(w, w)] + ([nn.ReLU()] if i < d - 1 else [])
+    return nn.Sequential(*mods)
+
+
+def wrap(strategy: str, model, lr: float = 0.01, bucket_mb: float = 25.0, allreduce: str = "torch", tracer=None):
+    """(model, optimizer, sync): `model` wrapped for `strategy`, a plain SGD optimizer on
+    it, and sync(), what the strategy needs called after backward (naive only)."""
+    import torch
+
+    none = lambda: None  # noqa: E731
+    if strategy == "naive":
+        from ddnb.data_parallel import NaiveDataParallel
+
+        model = NaiveDataParallel(model, allreduce=allreduce, tracer=tracer)
+        return model, torch.optim.SGD(model.parameters(), lr=lr), model.sync_gradients
+    if strategy == "bucketed":
+        from ddnb.data_parallel import BucketedDataParallel
+
+        model = BucketedDataParallel(model, bucket_mb=bucket_mb, allreduce=allreduce, tracer=tracer)
+        return model, torch.optim.SGD(model.parameters(), lr=lr), none
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+        return model, torch.optim.SGD(model.parameters(), lr=lr), none
+    if strategy == "horovod":
+        from ddnb.data_parallel import horovod_optimizer
+
+        return model, horovod_optimizer(model, torch.optim.SGD(model.parameters(), lr=lr)), none
+    raise ValueError(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
+
+
+def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmup: int = 3, rounds: int = 4,
+            bucket_mb: float = 25.0, allreduce: str = "torch", width: int | None = None,
+            layers: int | None = None) -> dict:
+    """On every rank: {strategy: {"times": per-step seconds (the slowest rank's), "overlap":
+    overlap_stats of its trace or None}} for `model_name`. Each strategy trains its own
+    replica; they take turns, steps/rounds timed steps each per round."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from ddnb.data_parallel import overlap_stats
+    from ddnb.trace import Tracer
+
+    runs = {}
+    for s in strategies:
+        tracer = Tracer()
+        model, opt, sync = wrap(s, bench_model(model_name, width=width, layers=layers),
+                                bucket_mb=bucket_mb, allreduce=allreduce, tracer=tracer)
+        runs[s] = (model, opt, sync, tracer)
+    width_ = width or MODELS[model_name][0]
+    g = torch.Generator().manual_seed(1000 + dist.get_rank())
+    x, y = torch.randn(batch, width_, generator=g), torch.randn(batch, width_, generator=g)   # (B, width)
+
+    def step(model, opt, sync):
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        sync()
+        opt.step()
+        return time.perf_counter() - start
+
+    times = {s: [] for s in strategies}
+    per_round = max(1, steps // rounds)
+    for s, (model, opt, sync, tracer) in runs.items():
+        for _ in range(warmup):
+            step(model, opt, sync)
+        tracer.clear()
+    for _ in range(rounds):
+        for s, (model, opt, sync, _) in runs.items():
+            dist.barrier()
+            times[s] += [step(model, opt, sync) for _ in range(per_round)]
+    out = {}
+    for s, (model, *_, tracer) in runs.items():
+        t = torch.tensor(times[s], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)          # a step ends when its slowest rank does
+        out[s] = {"times": t.tolist(), "overlap": overlap_stats(tracer.take()) if s == "bucketed" else None,
+                  "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+        if hasattr(model, "remove_hooks"):
+            model.remove_hooks()
+    return out
+
+
+def _rows(model_name: str, results: dict, workers: int, batch: int) -> list[dict]:
+    rows = []
+    for s, r in results.items():
+        ov = r["overlap"]
+        rows.append({"model": model_name, "strategy": s, "workers": workers, "batch": batch,
+                     "step_time": statistics.median(r["times"]), "steps": len(r["times"]),
+                     "param_bytes": r["param_bytes"], "overlap": None if ov is None else ov["fraction"],
+                     "comm_time": None if ov is None else ov["comm"] / max(1, ov["steps"])})
+    return rows
+
+
+def dp_rows(world, models=tuple(MODELS), strategies=STRATEGIES, batch: int = 32, steps: int = 20,
+            warmup: int = 3, rounds: int = 4, bucket_mb: float = 25.0, allreduce: str = "torch",
+            width: int | None = None, layers: int | None = None, log=None) -> list[dict]:
+    """Rows {model, strategy, workers, batch, step_time, steps, param_bytes, overlap,
+    comm_time}, one per (model, strategy), measured on `world` (see `rank_dp`)."""
+    rows = []
+    for m in models:
+        got = world.run(rank_dp, m, list(strategies), batch=batch, steps=steps, warmup=warmup, rounds=rounds,
+                        bucket_mb=bucket_mb, allreduce=allreduce, width=width, layers=layers)[0]
+        rows += _rows(m, got, world.n, batch)
+        if log:
+            log(f"{m} on {world.n} workers: " + ", ".join(f"{r['strategy']} {r['step_time'] * 1e3:.2f} ms"
+                                                          for r in rows if r["model"] == m))
+    return rows
+
+
+def add_ddp_columns(rows: list[dict]) -> list[dict]:
+    """Add ddp_step_time (DDP's step time for the row's model, None without a ddp row)
+    and ratio_vs_ddp = step_time / ddp_step_time to every row."""
+    for r in rows:
+        ddp = next((d["step_time"] for d in rows if d["model"] == r["model"] and d["strategy"] == "ddp"), None)
+        r["ddp_step_time"] = ddp
+        r["ratio_vs_ddp"] = None if ddp is None else r["step_time"] / ddp
+    return rows
+
+
+def dp_benchmark(workers: int, models=tuple(MODELS), strategies=STRATEGIES, batch: int = 32, steps: int = 20,
+                 warmup: int = 3, rounds: int = 4, bucket_mb: float = 25.0, allreduce: str = "torch",
+                 timeout: float = 600, log=None, **model_kwargs) -> list[dict]:
+    """What `python -m ddnb.bench dp` measures: `dp_rows` for the strategies but Horovod
+    in one World, then Horovod in a World of its own; with `add_ddp_columns`, in the
+    order (model, strategy)."""
+    from ddnb.testing import World
+
+    kwargs = dict(batch=batch, steps=steps, warmup=warmup, rounds=rounds, bucket_mb=bucket_mb, allreduce=allreduce,
+                  log=log, **model_kwargs)
+    plain, rows = [s for s in strategies if s != "horovod"], []
+    if plain:
+        with World(workers, timeout=timeout) as world:
+            rows += dp_rows(world, models, plain, **kwargs)
+    if "horovod" in strategies:
+        with World(workers, timeout=timeout, horovod=True) as world:
+            rows += dp_rows(world, models, ["horovod"], **kwargs)
+    order = {s: i for i, s in enumerate(strategies)}
+    rows.sort(key=lambda r: (list(models).index(r["model"]), order[r["strategy"]]))
+    return add_ddp_columns(rows)
+
+
+def dp_table(rows: list[dict]) -> str:
+    lines = [f"{'model':<11} {'strategy':<9} {'step time':>10} {'vs ddp':>7} {'overlap':>8} {'comm/step':>10}"]
+    for i, r in enumerate(rows):
+        if i and r["model"] != rows[i - 1]["model"]:
+            lines.append("")
+        ratio = "" if r.get("ratio_vs_ddp") is None else f"{r['ratio_vs_ddp']:.2f}"
+        overlap = "" if r["overlap"] is None else f"{r['overlap']:.0%}"
+        comm = "" if r["comm_time"] is None else f"{r['comm_time'] * 1e3:.2f} ms"
+        lines.append(f"{r['model']:<11} {r['strategy']:<9} {r['step_time'] * 1e3:>7.2f} ms {ratio:>7} {overlap:>8} "
+                     f"{comm:>10}")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Batch partitioning for data parallelism: each rank reads its own disjoint shard of the
+dataset, reshuffled every epoch from a seed all ranks share.
+
+With N ranks (`num_replicas`) and a dataset of n items, epoch e:
+
+    order   = permutation(n, seed + e)              the same on every rank (shared seed)
+    padding : order += order[:ceil(n/N)·N - n]       repeat the first items until N divides it
+    drop_last: order  = order[:floor(n/N)·N]         or drop the last n mod N items
+    shard_r = order[r :: N]                          rank r takes every N-th item from r
+
+so every rank gets the same number of items (a step has the same batch size everywhere,
+which is what makes "average of the ranks' gradients = gradient of the global batch"
+true, see `naive.py`), and the union of the shards is the dataset exactly once per epoch
+(plus at most N-1 repeats with padding, minus at most N-1 items with drop_last). The
+layout is torch.utils.data.DistributedSampler's; `shard_indices` is it as a pure
+function, so it can be checked without a cluster (tests/test_data_parallel.py).
+Goyal et al. 2017 ("Accurate, large minibatch SGD", Sec. 3) explain why the shuffle
+must be a single global permutation split across workers, not N local ones.
+Taught in `notebooks/06_data_parallel.ipynb`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Sampler
+
+
+def _validate(num_items, num_replicas, rank, seed) -> None:
+    for name, value in (("num_items", num_items), ("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"ShardSampler: {name} must be an int, got {value!r}")
+    if num_replicas < 1:
+        raise ValueError(f"ShardSampler: num_replicas={num_replicas}, need num_replicas >= 1")
+    if num_replicas > num_items:
+        raise ValueError(f"ShardSampler: num_replicas={num_replicas} > num_items={num_items}: every rank needs "
+                         f"at least one item per epoch (rule: num_replicas <= len(dataset))")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"ShardSampler: rank={rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas})")
+
+
+def shard_size(num_items: int, num_replicas: int, drop_last: bool = False) -> int:
+    """Items per rank per epoch: ceil(n/N) with padding, floor(n/N) with drop_last."""
+    return num_items // num_replicas if drop_last else math.ceil(num_items / num_replicas)
+
+
+def shard_indices(num_items: int, num_replicas: int, rank: int, epoch: int = 0, seed: int = 0,
+                  shuffle: bool = True, drop_last: bool = False) -> list[int]:
+    """The dataset indices rank `rank` of `num_replicas` reads in `epoch` (see the module
+    docstring). Pure: the same arguments give the same list on every rank."""
+    _validate(num_items, num_replicas, rank, seed)
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(num_items, generator=g).tolist()     # (n,), one global permutation
+    else:
+        order = list(range(num_items))
+    total = shard_size(num_items, num_replicas, drop_last) * num_replicas
+    if total > num_items:
+        order += order[:total - num_items]   # < N repeats, and N <= n, so order[:pad] is long enough
+    else:
+        order = order[:total]
+    return order[rank:total:num_replicas]                            # (total / N,)
+
+
+class ShardSampler(Sampler):
+    """A sampler giving this rank its shard of the dataset, for a DataLoader:
+
+        sampler = ShardSampler(dataset, num_replicas=world_size, rank=rank, seed=0)
+        loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)      # a new shuffle each epoch, the same on every rank
+            for x, y in loader: ...
+
+    `dataset` is anything with a length (or the length itself). num_replicas and rank
+    default to torch.distributed's world (size and rank in `group`)."""
+
+    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, group=None):
+        num_items = dataset if isinstance(dataset, int) else len(dataset)
+        if num_replicas is None or rank is None:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                raise ValueError("ShardSampler: pass num_replicas and rank, or initialize torch.distributed first")
+            num_replicas = dist.get_world_size(group) if num_replicas is None else num_replicas
+            rank = dist.get_rank(group) if rank is None else rank
+        _validate(num_items, num_replicas, rank, seed)
+        self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's permutation (seed + epoch); call it on every rank."""
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        return shard_indices(self.num_items, self.num_replicas, self.rank, self.epoch, self.seed,
+                             self.shuffle, self.drop_last)
+
+    def __iter__(self):
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return shard_size(self.num_items, self.num_replicas, self.drop_last)
