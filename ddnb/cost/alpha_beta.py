@@ -159,6 +159,20 @@ def fit_alpha_beta(sizes_bytes, times_s, relative: bool = True) -> tuple[float, 
     return alpha, beta
 
 
+def _p2p_args(what: str, sizes_bytes, iters: int, warmup: int, group) -> tuple[list[int], int, int]:
+    """Validate a point-to-point measurement's arguments: (sizes, world_size, rank)."""
+    import torch.distributed as dist
+
+    sizes = [int(s) for s in sizes_bytes]
+    if any(s < 0 or s % 4 for s in sizes) or iters < 1 or warmup < 0:
+        raise ValueError(f"need sizes that are multiples of 4 bytes, iters >= 1, warmup >= 0; "
+                         f"got sizes={sizes}, iters={iters}, warmup={warmup}")
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world_size < 2:
+        raise ValueError(f"{what} needs a world of >= 2 ranks, got world_size={world_size}")
+    return sizes, world_size, rank
+
+
 def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[float]:
     """One-way seconds of a message of each size between ranks 0 and 1 (of `group`).
 
@@ -171,13 +185,7 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
-    sizes = [int(s) for s in sizes_bytes]
-    if any(s < 0 or s % 4 for s in sizes) or iters < 1 or warmup < 0:
-        raise ValueError(f"need sizes that are multiples of 4 bytes, iters >= 1, warmup >= 0; "
-                         f"got sizes={sizes}, iters={iters}, warmup={warmup}")
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if world_size < 2:
-        raise ValueError(f"pingpong needs a world of >= 2 ranks, got world_size={world_size}")
+    sizes, world_size, rank = _p2p_args("pingpong", sizes_bytes, iters, warmup, group)
     glob = [r if group is None else dist.get_global_rank(group, r) for r in (0, 1)]
     times = torch.zeros(len(sizes), dtype=torch.float64)
     for i, size in enumerate(sizes):
@@ -214,13 +222,7 @@ def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
-    sizes = [int(s) for s in sizes_bytes]
-    if any(s < 0 or s % 4 for s in sizes) or iters < 1 or warmup < 0:
-        raise ValueError(f"need sizes that are multiples of 4 bytes, iters >= 1, warmup >= 0; "
-                         f"got sizes={sizes}, iters={iters}, warmup={warmup}")
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if world_size < 2:
-        raise ValueError(f"sendrecv needs a world of >= 2 ranks, got world_size={world_size}")
+    sizes, world_size, rank = _p2p_args("sendrecv", sizes_bytes, iters, warmup, group)
     right, left = (r % world_size if group is None else dist.get_global_rank(group, r % world_size)
                    for r in (rank + 1, rank - 1))
     times = torch.zeros(len(sizes), dtype=torch.float64)
