@@ -349,7 +349,9 @@ class Cluster:
         if self._ipp is not None and not self._connect:
             with _quiet(), contextlib.suppress(Exception):
                 self._ipp.stop_cluster_sync()
-            _reap(list(self._engine_pids) + ([self._controller_pid] if self._controller_pid else []), wait=5)
+            _reap(self.pids(), wait=5)
+            if self._controller_pid:  # the controller's schedulers live in its process group
+                worker_env.kill_group(self._controller_pid)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close()
@@ -367,8 +369,14 @@ class Cluster:
         return pd.DataFrame(rows, columns=cols).set_index("rank")
 
     def pids(self) -> list[int]:
-        """Process ids of the processes this cluster started (controller and engines)."""
-        return sorted(self._engine_pids | ({self._controller_pid} if self._controller_pid else set()))
+        """Process ids of the processes this cluster started: engines, the controller and
+        the scheduler processes the controller forked."""
+        pids = set(self._engine_pids)
+        if self._controller_pid:
+            pids.add(self._controller_pid)
+            with contextlib.suppress(psutil.Error):
+                pids.update(c.pid for c in psutil.Process(self._controller_pid).children(recursive=True))
+        return sorted(pids)
 
     def alive(self) -> bool:
         return self.client is not None and not self._dead_ranks(range(len(self.workers)))

@@ -62,13 +62,23 @@ def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) 
                 alive = False
             if not alive:
                 for pid in also_kill:
-                    try:
-                        os.kill(pid, 9)
-                    except OSError:
-                        pass
+                    kill_group(pid)
                 os._exit(1)
 
     threading.Thread(target=loop, name="ddnb-watch-parent", daemon=True).start()
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL `pid` and, when it leads its own process group (ipyparallel starts the
+    controller in a new session, and the controller forks its schedulers into it), every
+    process of that group, so that none is left behind as an orphan."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, 9)
+        else:
+            os.kill(pid, 9)
+    except OSError:
+        pass
 
 
 def open_store(world_size: int, timeout: float) -> int:

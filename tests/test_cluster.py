@@ -24,6 +24,11 @@ def rank_info():
     return dist.get_rank(), dist.get_world_size(), dist.get_backend(), t.item(), torch.get_num_threads()
 
 
+def engines(pids):
+    """The pids among `pids` that are ipyparallel engines."""
+    return [p for p in pids if psutil.pid_exists(p) and "ipyparallel.engine" in " ".join(psutil.Process(p).cmdline())]
+
+
 def gone(pids, within=10.0):
     """True when none of pids is alive (zombies count as gone) within `within` seconds."""
     deadline = time.monotonic() + within
@@ -134,7 +139,7 @@ def test_resize_reforms_the_world_and_stop_leaves_nothing():
         assert [g[:4] for g in c.run(rank_info)] == [(r, 4, "gloo", 6.0) for r in range(4)]
         c.resize(1)
         assert c.run(rank_info)[0][:2] == (0, 1)
-        assert len(c.pids()) == 2  # controller + one engine: the others were shut down
+        assert len(engines(c.pids())) == 1  # one engine left: the others were shut down
     finally:
         c.stop()
     assert gone(started)
@@ -147,7 +152,7 @@ def test_context_manager_and_start_time():
     with Cluster(n=4, timeout=30) as c:
         ready = time.monotonic() - t0
         pids = c.pids()
-        assert len(pids) == 5
+        assert len(engines(pids)) == 4 and len(pids) > 5  # + the controller and its schedulers
         assert [g[0] for g in c.run(rank_info)] == [0, 1, 2, 3]
     assert gone(pids)
     # the issue's target is <= 15 s on 2 cores; this only guards against a gross regression
@@ -168,7 +173,7 @@ def test_engines_exit_when_the_kernel_is_killed(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 3
+        assert len(engines(pids)) == 2 and len(pids) > 3
         proc.kill()
         proc.wait()
         assert gone(pids, within=15)
