@@ -311,14 +311,11 @@ class Cluster:
 
     def restart(self) -> "Cluster":
         """Stop everything (e.g. after a lost worker) and start again with the same size."""
-        n = self.n if not self._connect else self.n
-        self.stop()
-        self.n = n
+        self.stop()  # keeps self.n
         return self.start()
 
     def _shutdown_engines(self, engine_ids: list[int]) -> None:
         pids = [w["pid"] for w in self.workers if w["engine_id"] in engine_ids]
-        pids += [p for p in self._pids_of(engine_ids) if p not in pids]
         try:
             self.client.shutdown(targets=engine_ids, block=True)
         except Exception:
@@ -328,9 +325,6 @@ class Cluster:
         deadline = time.monotonic() + self.timeout
         while set(engine_ids) & set(self.client.ids) and time.monotonic() < deadline:
             time.sleep(0.05)
-
-    def _pids_of(self, engine_ids):
-        return [w["pid"] for w in self.workers if w["engine_id"] in engine_ids]
 
     def stop(self) -> None:
         """Shut the workers down: leave Horovod and the process group, stop the engines and
