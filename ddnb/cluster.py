@@ -105,6 +105,7 @@ class Cluster:
         self.client: ipp.Client | None = None
         self.view = None  # DirectView on the ranks, in rank order (used by %%px)
         self._rendezvous = None
+        self._horovod_env: dict = {}   # extra HOROVOD_* settings (start_horovod(env=...)), kept across resize
         self._controller_pid: int | None = None
         self._engine_pids: set[int] = set()
         if start:
@@ -172,7 +173,7 @@ class Cluster:
             try:
                 self._ipp = ipp.Cluster.from_file(**where)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, ValueError):  # not there yet, or half written (empty JSON)
                 if time.monotonic() > deadline:
                     raise WorkerTimeoutError([], f"no ipcluster found ({described}) within {self.start_timeout:.0f} s; "
                                                  "start one first, e.g. `ipcluster start -n 4 --cluster-id=ID "
@@ -223,13 +224,13 @@ class Cluster:
         for w, d in zip(self.workers, done):
             w.update(backend=d["backend"], device=d["device"])
         if self.horovod:
-            self._init_horovod(hosts, single_host)
+            self._init_horovod(hosts, single_host, self._horovod_env)
         self.view = self.client[engine_ids]
         self.view.block = True
         self._push_names()
         self._enable_magics()
 
-    def _init_horovod(self, hosts: list[str], single_host: bool) -> None:
+    def _init_horovod(self, hosts: list[str], single_host: bool, env: dict | None = None) -> None:
         from ddnb.rendezvous import HorovodRendezvous
 
         if self._rendezvous is not None:
@@ -237,21 +238,27 @@ class Cluster:
         addr = "127.0.0.1" if single_host else _this_host_address()
         self._rendezvous = HorovodRendezvous(hosts, addr=addr, timeout=self.timeout)
         iface = "lo" if single_host else None
-        envs = [(self._rendezvous.env(r, iface),) for r in range(self.n)]
+        extra = {k: str(v) for k, v in (env or {}).items()}
+        envs = [({**self._rendezvous.env(r, iface), **extra},) for r in range(self.n)]
         got = self._run_engines(worker_env.init_horovod, envs, "hvd.init", timeout=self.start_timeout)
         for w, g in zip(self.workers, got):
             if g["rank"] != w["rank"]:
                 raise ClusterError(f"Horovod gave rank {g['rank']} to torch rank {w['rank']}")
 
-    def start_horovod(self) -> "Cluster":
-        """Initialize Horovod on the running workers (as `horovod=True` does at start)."""
+    def start_horovod(self, env: dict | None = None) -> "Cluster":
+        """Initialize Horovod on the running workers (as `horovod=True` does at start).
+        `env` adds Horovod settings read at hvd.init(), e.g. {"HOROVOD_FUSION_THRESHOLD":
+        0, "HOROVOD_CYCLE_TIME": 5}; to change them, stop_horovod() and start again."""
         if self.horovod:
             return self
         if not _horovod_available():
             raise ValueError("Horovod with PyTorch is not installed (run `make lab` or scripts/install_horovod.sh)")
+        bad = [k for k in (env or {}) if not (isinstance(k, str) and k.startswith("HOROVOD_"))]
+        if bad:
+            raise ValueError(f"start_horovod: env keys must be HOROVOD_* settings, got {bad}")
         hosts = [w["host"] for w in self.workers]
-        self.horovod = True
-        self._init_horovod(hosts, len(set(hosts)) == 1)
+        self.horovod, self._horovod_env = True, dict(env or {})
+        self._init_horovod(hosts, len(set(hosts)) == 1, self._horovod_env)
         self._push_names()
         return self
 

@@ -1,4 +1,5 @@
 """ddnb.Cluster: ipyparallel engines as the ranks of one torch.distributed world."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -240,9 +241,14 @@ def test_horovod_started_and_stopped_on_a_running_cluster(cluster):
 
         return hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()
 
-    cluster.start_horovod()
+    with pytest.raises(ValueError, match=r"env keys must be HOROVOD_\* settings, got \['CYCLE_TIME'\]"):
+        cluster.start_horovod(env={"CYCLE_TIME": 5})
+    assert not cluster.horovod
+    cluster.start_horovod(env={"HOROVOD_FUSION_THRESHOLD": 0, "HOROVOD_CYCLE_TIME": 2.5})
     try:
         assert cluster.run(hvd_sum) == [[3.0, 3.0]] * 3
+        knobs = cluster.run(lambda: [os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")])
+        assert knobs == [["0", "2.5"]] * 3
     finally:
         cluster.stop_horovod()
     assert cluster.run(lambda: __import__("horovod.torch").torch.is_initialized()) == [False] * 3
@@ -269,8 +275,24 @@ def test_connect_to_an_ipcluster_started_elsewhere(tmp_path):
         c.stop()
         assert all(psutil.pid_exists(p) for p in pids)  # the external engines keep running
     finally:
-        subprocess.run([ipcluster, "stop", *args], capture_output=True, timeout=60)
+        _stop_ipcluster(proc, [ipcluster, "stop", *args])
+
+
+def _stop_ipcluster(proc, stop_command):
+    """`ipcluster stop`, then make sure: whatever it started (controller, engines) is killed
+    if `ipcluster start` has not exited within a minute, so a failed test leaves nothing behind."""
+    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    subprocess.run(stop_command, capture_output=True, timeout=60)
+    try:
         proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(psutil.Error):
+            tree += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in set(tree):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    proc.wait(timeout=10)
+    assert proc.returncode is not None
 
 
 def test_connect_without_an_ipcluster_says_so(tmp_path):
