@@ -1,0 +1,114 @@
+"""The training chapters as scripts, for launchers that start one process per rank
+themselves, on one machine or several:
+
+    torchrun --nproc-per-node 2 -m ddnb.launch dp --strategy ddp --steps 50
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint host1:29500 \\
+        -m ddnb.launch dp --strategy bucketed              # and --node-rank 1 on host2
+    horovodrun -np 2 -H localhost:2 --gloo python -m ddnb.launch dp --strategy horovod
+    horovodrun -np 8 -H host1:4,host2:4 python -m ddnb.launch dp --strategy horovod
+
+The same `ddnb.data_parallel.train.train_digits` the notebooks run on a `ddnb.Cluster`
+(notebooks 06 and 07), so a result seen in a notebook can be reproduced at scale. The
+process group comes from the launcher's environment: torchrun's RANK / WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT (`init_method="env://"`; nccl with cuda:LOCAL_RANK when every
+local rank has a GPU, else gloo), horovodrun's HOROVOD_RANK / HOROVOD_SIZE (`hvd.init()`).
+Rank 0 prints one JSON line; `--compare` also trains the single-process reference on the
+global batch and prints the largest parameter difference. Arguments are checked before
+any process group is formed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ddnb.data_parallel.train import STRATEGIES
+
+    ap = argparse.ArgumentParser(prog="python -m ddnb.launch", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="chapter", required=True)
+    dp = sub.add_parser("dp", help="data-parallel training on the digits (notebooks 06 and 07)")
+    dp.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    dp.add_argument("--steps", type=int, default=50)
+    dp.add_argument("--per-rank", type=int, default=32, help="digits per rank per step")
+    dp.add_argument("--lr", type=float, default=0.05)
+    dp.add_argument("--seed", type=int, default=0)
+    dp.add_argument("--allreduce", default="torch", help="naive/bucketed: torch, ring, tree, naive, halving_doubling")
+    dp.add_argument("--bucket-mb", type=float, default=0.01)
+    dp.add_argument("--timeout", type=float, default=120, help="seconds any collective may wait")
+    dp.add_argument("--compare", action="store_true", help="rank 0 also trains the single-process reference")
+    return ap
+
+
+def launcher_env(environ=os.environ) -> str:
+    """"horovodrun", "torchrun" (or any env:// launcher) or "none", from the environment."""
+    if "HOROVOD_RANK" in environ:
+        return "horovodrun"
+    if all(k in environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return "torchrun"
+    return "none"
+
+
+def init_from_launcher(strategy: str, timeout: float) -> None:
+    """Form the world the strategy needs from the launcher's environment, or say why not."""
+    launcher = launcher_env()
+    if strategy == "horovod":
+        if launcher != "horovodrun":
+            raise SystemExit("ddnb.launch: --strategy horovod runs under horovodrun "
+                             "(horovodrun -np 2 -H localhost:2 --gloo python -m ddnb.launch dp --strategy horovod)")
+        import horovod.torch as hvd
+
+        hvd.init()
+        return
+    if launcher != "torchrun":
+        raise SystemExit(f"ddnb.launch: --strategy {strategy} runs under torchrun (RANK, WORLD_SIZE, MASTER_ADDR and "
+                         f"MASTER_PORT not all set): torchrun --nproc-per-node 2 -m ddnb.launch dp --strategy {strategy}")
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    threads = max(1, (os.cpu_count() or 1) // local_size)
+    torch.set_num_threads(threads)
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_size
+    if gpu:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if gpu else "gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+
+
+def main(argv=None) -> int:
+    from ddnb.data_parallel.train import check_args, reference_digits, train_digits
+
+    args = _parser().parse_args(argv)
+    try:
+        check_args(args.strategy, args.steps, args.per_rank, args.lr)
+    except ValueError as e:
+        raise SystemExit(f"ddnb.launch: {e}") from None
+    init_from_launcher(args.strategy, args.timeout)
+    out = train_digits(args.strategy, steps=args.steps, per_rank=args.per_rank, lr=args.lr, seed=args.seed,
+                       allreduce=args.allreduce, bucket_mb=args.bucket_mb)
+    if out["rank"] == 0:
+        row = {"strategy": args.strategy, "world_size": out["world_size"], "steps": args.steps,
+               "first_loss": round(out["losses"][0], 6), "final_loss": round(out["losses"][-1], 6),
+               "accuracy": round(out["accuracy"], 6), "step_time": out["step_time"]}
+        if args.compare:
+            ref = reference_digits(out["world_size"], steps=args.steps, per_rank=args.per_rank, lr=args.lr,
+                                   seed=args.seed)
+            row["max_param_diff_vs_single_process"] = (out["params"] - ref["params"]).abs().max().item()
+        print(json.dumps(row), flush=True)
+    if args.strategy == "horovod":
+        import horovod.torch as hvd
+
+        hvd.shutdown()
+    else:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""ddnb.launch and ddnb.data_parallel.train: the training chapters as scripts.
+
+`train_digits` on a live world equals one process on the global batch across an epoch
+boundary (the sampler reshuffles); `python -m ddnb.launch dp` runs under torchrun and
+horovodrun (real launchers, 2 processes) and reproduces the single-process reference;
+bad arguments and a missing launcher fail with a message before any process group forms.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import requires_horovod
+from ddnb.data_parallel.train import reference_digits, train_digits
+from ddnb.launch import launcher_env, main
+
+BIN = os.path.dirname(sys.executable)
+# 674 training digits on 2 ranks, 32 a step: an epoch is 10 steps, so 12 steps cross into epoch 1
+STEPS = 12
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed", "ddp"])
+def test_train_digits_equals_one_process_on_the_global_batch(world, strategy):
+    ref = reference_digits(2, steps=STEPS, per_rank=32)
+    got = world(2).run(train_digits, strategy, steps=STEPS, per_rank=32)
+    for r in got:
+        assert (r["params"] - ref["params"]).abs().max().item() < 1e-5
+        assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+        assert r["accuracy"] == pytest.approx(ref["accuracy"])
+    assert [r["rank"] for r in got] == [0, 1] and got[0]["losses"][-1] < got[0]["losses"][0]
+
+
+def test_launcher_detected_from_the_environment():
+    assert launcher_env({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}) == "horovodrun"
+    assert launcher_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}) == "torchrun"
+    assert launcher_env({"RANK": "1"}) == "none"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dp", "--steps", "0"], "steps must be an integer >= 1, got 0"),
+    (["dp", "--lr", "-1"], "lr must be > 0"),
+    (["dp", "--strategy", "ddp"], "runs under torchrun"),
+    (["dp", "--strategy", "horovod"], "runs under horovodrun"),
+])
+def test_bad_arguments_or_no_launcher_say_so(argv, message, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HOROVOD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit, match=message):
+        main(argv)
+
+
+def _rank0_row(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line[line.index("{"):] for line in out.stdout.splitlines() if '"strategy"' in line]
+    assert len(rows) == 1, out.stdout     # only rank 0 prints
+    return json.loads(rows[0])
+
+
+def test_torchrun_runs_the_chapter_and_matches_one_process():
+    row = _rank0_row([os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "ddnb.launch",
+                      "dp", "--strategy", "bucketed", "--steps", str(STEPS), "--compare"])
+    assert row["world_size"] == 2 and row["max_param_diff_vs_single_process"] < 1e-5
+    assert row["final_loss"] < row["first_loss"]
+
+
+@requires_horovod
+def test_horovodrun_runs_the_chapter_and_matches_one_process():
+    row = _rank0_row([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, "-m", "ddnb.launch", "dp", "--strategy", "horovod", "--steps", str(STEPS),
+                      "--compare"])
+    assert row["world_size"] == 2 and row["max_param_diff_vs_single_process"] < 1e-5
+    ref = reference_digits(2, steps=STEPS)
+    assert row["final_loss"] == pytest.approx(ref["losses"][-1], abs=1e-5)
