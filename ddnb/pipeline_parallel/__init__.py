@@ -1,0 +1,26 @@
+"""Pipeline parallelism: the layers of an nn.Sequential split into stages, one per rank,
+and each batch into micro-batches that flow through the stages so that several stages
+compute at once. Naive first, then better:
+
+    schedules.py  Action, gpipe_schedule, one_f_one_b_schedule,          schedules as plain
+                  interleaved_one_f_one_b_schedule, validate_schedule,   lists of actions
+                  simulate, in_flight, bubble_fraction
+    stage.py      PipelineStage, partition                 a rank's slice and its messages
+    executor.py   run_schedule, StepResult                 run a schedule on real stages
+    reference.py  reference_grads, torch_pipeline_grads    one process; torch.distributed.pipelining
+
+Taught in `notebooks/09_pipeline_parallelism.ipynb` (after the naive layer split of
+notebook 08, idle (p-1)/p of the time); the formulas are in `ddnb.cost.pipeline`, the
+pictures in `ddnb.viz.pipeline`.
+"""
+from ddnb.pipeline_parallel.executor import StepResult, run_schedule, split_microbatches
+from ddnb.pipeline_parallel.reference import reference_grads, torch_pipeline_grads
+from ddnb.pipeline_parallel.schedules import (SCHEDULES, Action, bubble_fraction, get_schedule, gpipe_schedule,
+                                              in_flight, interleaved_one_f_one_b_schedule, num_chunks,
+                                              one_f_one_b_schedule, simulate, validate_schedule)
+from ddnb.pipeline_parallel.stage import PipelineStage, check_microbatches, partition
+
+__all__ = ["SCHEDULES", "Action", "PipelineStage", "StepResult", "bubble_fraction", "check_microbatches",
+           "get_schedule", "gpipe_schedule", "in_flight", "interleaved_one_f_one_b_schedule", "num_chunks",
+           "one_f_one_b_schedule", "partition", "reference_grads", "run_schedule", "simulate", "split_microbatches",
+           "torch_pipeline_grads", "validate_schedule"]

@@ -1,0 +1,144 @@
+"""Run a pipeline schedule (`ddnb.pipeline_parallel.schedules`) on the stages of a real
+pipeline: each rank walks its own action list, F(j) and B(j) on its `PipelineStage`.
+
+    stage = PipelineStage(model, microbatches=m, batch_shape=(B, T))
+    schedule = one_f_one_b_schedule(stage.world_size, m)        # or gpipe_schedule
+    # interleaved: stages = [PipelineStage(model, m, (B, T), chunk=c, chunks=v) for c in range(v)]
+    #              run_schedule(stages, interleaved_one_f_one_b_schedule(p, m, v), ...)
+    result = run_schedule(stage, schedule, inputs=idx, targets=targets, loss_fn=lm_loss)
+    result.loss                  # mean of the m micro-batch losses (last stage), else None
+    result.peak_activation_bytes # the most bytes autograd held for backward at once here
+    optimizer.step()             # each stage steps its own parameters
+
+The gradients are those of the mean loss over the micro-batches,
+(1/m) Σ_j ∇ loss(model(x_j), y_j), summed in .grad across the backwards of the step
+(GPipe's synchronous update, Huang et al. 2019, Sec. 2.2) — the same gradient as one
+process running the unsplit model on the whole batch with that loss, whatever the
+schedule. Every F and B is traced as a "compute" event (name "F3", with op, microbatch,
+chunk and virtual stage), every message as "send"/"recv", in the stage's tracer (`ddnb.trace`).
+While an action computes, the receive the next one needs is already posted (the send
+of this action's output travels in the same batch_isend_irecv). Activation memory is
+measured with `ddnb.memory.SavedActivations` (what autograd saves for backward, counted
+when saved and uncounted when the backward frees it).
+Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ddnb.pipeline_parallel.schedules import BACKWARD, FORWARD, Action, validate_schedule
+from ddnb.trace import get_tracer
+
+if TYPE_CHECKING:
+    from ddnb.pipeline_parallel.stage import PipelineStage
+
+
+@dataclass
+class StepResult:
+    """What one rank saw in one pipeline step."""
+
+    loss: float | None                    # mean micro-batch loss, on the last stage only
+    peak_activation_bytes: int | None     # None unless measured
+    in_flight: int                        # most micro-batches held between F and B
+    live_bytes: list = field(default_factory=list)   # bytes held after each action (if measured)
+
+
+def split_microbatches(t: torch.Tensor | None, microbatches: int) -> list:
+    """[t_0, ..., t_{m-1}]: contiguous chunks of the batch dimension (torch.tensor_split,
+    as torch.distributed.pipelining splits), each copied into its own storage as a data
+    loader would deliver it (a view would keep, and count, the whole batch), or m Nones."""
+    return [None] * microbatches if t is None else [c.clone() for c in torch.tensor_split(t, microbatches, dim=0)]
+
+
+def run_schedule(stage: PipelineStage | list[PipelineStage], schedule, inputs: torch.Tensor | None = None,
+                 targets: torch.Tensor | None = None, loss_fn=None, measure_memory: bool = False,
+                 step: int = 0) -> StepResult:
+    """Run this rank's actions of `schedule` (a list per rank, or this rank's list) for one
+    step on `stage` (a PipelineStage, or for an interleaved schedule the list of this
+    rank's stages, one per chunk). Stage 0 needs `inputs` (the whole batch), the last
+    stage `targets` and `loss_fn(output, target)`. Everything is checked before the
+    first message."""
+    stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
+    actions = _check(stages, schedule, inputs, targets, loss_fn)
+    m, tr = stages[0].microbatches, get_tracer(stages[0].tracer)
+    xs, ys = split_microbatches(inputs, m), split_microbatches(targets, m)
+    for st in stages:
+        st.reset()
+    meter = _meter(measure_memory)
+    live_bytes, held, most = [], 0, 0
+    with meter as mem:
+        for i, a in enumerate(actions):
+            st = stages[a.chunk]
+            received = st.receive(a.op, a.microbatch) if st.needs_recv(a.op, a.microbatch) else None  # not compute
+            start = time.time()
+            if a.op == FORWARD:
+                x = xs[a.microbatch] if st.is_first else received
+                out = st.forward(a.microbatch, x, ys[a.microbatch], loss_fn)
+                send = None if out is None else (FORWARD, a.microbatch, out)
+                held += 1
+            else:
+                grad = st.backward(a.microbatch, received)
+                send = None if grad is None else (BACKWARD, a.microbatch, grad)
+                held -= 1
+            most = max(most, held)
+            live = mem.live if mem is not None else None
+            tr.record("compute", repr(a), start, time.time(), op=a.op, microbatch=a.microbatch, chunk=a.chunk,
+                      stage=st.stage_index, step=step, live_bytes=live)
+            if mem is not None:
+                live_bytes.append(live)
+            nxt = actions[i + 1] if i + 1 < len(actions) else None
+            nst = stages[nxt.chunk] if nxt is not None else st
+            recv = (nxt.op, nxt.microbatch) if nxt is not None and nst.needs_recv(nxt.op, nxt.microbatch) else None
+            st.communicate(send, recv, recv_stage=nst)
+        for st in stages:
+            st.flush()
+    last = [st for st in stages if st.is_last]
+    loss = float(sum(v.detach() for v in last[0].losses.values())) if last else None
+    for st in last:
+        st.losses.clear()
+    return StepResult(loss=loss, peak_activation_bytes=mem.peak if mem is not None else None,
+                      in_flight=most, live_bytes=live_bytes)
+
+
+def _meter(measure: bool):
+    if not measure:
+        return contextlib.nullcontext(None)
+    from ddnb.memory import SavedActivations
+
+    return SavedActivations()
+
+
+def _check(stages, schedule, inputs, targets, loss_fn) -> list[Action]:
+    """This rank's actions, after checking every argument (ValueError before any message)."""
+    first = stages[0]
+    m, rank, world_size = first.microbatches, first.rank, first.world_size
+    if schedule and isinstance(schedule[0], (list, tuple)) and not isinstance(schedule[0], Action):
+        if len(schedule) != world_size:
+            raise ValueError(f"the schedule has {len(schedule)} ranks, the pipeline has world_size({world_size})")
+        validate_schedule(schedule, m)
+        actions = list(schedule[rank])
+    else:
+        actions = list(schedule)
+    problems = []
+    v = 1 + max((a.chunk for a in actions), default=0)
+    if [st.chunk for st in stages] != list(range(v)) or any(st.chunks != v for st in stages):
+        problems.append(f"the schedule has {v} chunk(s) per rank; it needs one stage per chunk, in order, "
+                        f"built with chunks={v}; got stages of chunks {[st.chunk for st in stages]} "
+                        f"(chunks={[st.chunks for st in stages]})")
+    if any(st.microbatches != m or st.rank != rank for st in stages):
+        problems.append("this rank's stages disagree on microbatches or rank")
+    batch = first.microbatch_size * m
+    if any(st.is_first for st in stages) and (inputs is None or inputs.shape[0] != batch):
+        problems.append(f"stage 0 needs inputs with batch_size({batch}) = microbatches({m}) x "
+                        f"{first.microbatch_size} rows, got {None if inputs is None else tuple(inputs.shape)}")
+    if any(st.is_last for st in stages) and (targets is None or targets.shape[0] != batch or loss_fn is None):
+        problems.append(f"the last stage needs targets with {batch} rows and a loss_fn, got targets "
+                        f"{None if targets is None else tuple(targets.shape)} and loss_fn={loss_fn!r}")
+    if problems:
+        raise ValueError(f"rank {rank}: " + "; ".join(problems))
+    return actions

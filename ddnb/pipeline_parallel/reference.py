@@ -1,0 +1,75 @@
+"""What a pipeline step must reproduce, two ways: one process running the unsplit model,
+and PyTorch's own pipeline (torch.distributed.pipelining's ScheduleGPipe and
+Schedule1F1B) on the same stages.
+
+    grads = reference_grads(model, idx, targets, lm_loss, microbatches=4)   # list per parameter
+    got = torch_pipeline_grads(model, "1f1b", idx, targets, lm_loss, microbatches=4)
+
+Both use the loss of `ddnb.pipeline_parallel.executor`: the mean over the m contiguous
+micro-batches of loss_fn(model(x_j), y_j) (torch's schedules with scale_grads=True: each
+micro-batch's loss back-propagated, then the gradients divided by m).
+Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddnb.pipeline_parallel.executor import split_microbatches
+from ddnb.pipeline_parallel.stage import _check_boundaries, check_microbatches, partition
+
+
+def reference_grads(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn,
+                    microbatches: int = 1) -> tuple[float, list[torch.Tensor]]:
+    """(loss, [p.grad for p in model.parameters()]) of one process on the whole batch with
+    the loss (1/m) Σ_j loss_fn(model(x_j), y_j); the model's .grad is left untouched."""
+    check_microbatches(inputs.shape[0], microbatches)
+    params = list(model.parameters())
+    xs, ys = split_microbatches(inputs, microbatches), split_microbatches(targets, microbatches)
+    loss = sum(loss_fn(model(x), y) for x, y in zip(xs, ys)) / microbatches
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return float(loss.detach()), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def torch_pipeline_grads(model: nn.Sequential, schedule: str, inputs: torch.Tensor | None,
+                         targets: torch.Tensor | None, loss_fn, microbatches: int, group=None,
+                         boundaries=None, chunks: int = 2) -> tuple[float | None, list[torch.Tensor]]:
+    """Run one step of torch.distributed.pipelining on this rank's slice of `model` (a copy:
+    `model` is not touched), with `schedule` "gpipe" (ScheduleGPipe), "1f1b"
+    (Schedule1F1B) or "interleaved" (ScheduleInterleaved1F1B over `chunks` stages per
+    rank, virtual stage c·p + rank for chunk c). Stage 0 passes `inputs`, the last stage
+    `targets`. Returns (the mean micro-batch loss on the last stage else None, the grads
+    of this rank's parameters, chunk by chunk)."""
+    import copy
+
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+    if schedule not in kinds:
+        raise ValueError(f"schedule={schedule!r} is not one of {list(kinds)}")
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    v = chunks if schedule == "interleaved" else 1
+    boundaries = partition(len(model), p * v) if boundaries is None else list(boundaries)
+    _check_boundaries(boundaries, len(model), p * v)
+    modules, stages = [], []
+    for c in range(v):
+        start, end = boundaries[c * p + rank]
+        module = copy.deepcopy(model[start:end])
+        module.zero_grad(set_to_none=True)
+        modules.append(module)
+        stages.append(TorchStage(module, c * p + rank, p * v, next(module.parameters()).device, group=group))
+    runner = kinds[schedule](stages if v > 1 else stages[0], n_microbatches=microbatches, loss_fn=loss_fn,
+                             scale_grads=True)
+    first, last = rank == 0, rank == p - 1
+    if first:
+        check_microbatches(inputs.shape[0], microbatches)
+    if last:
+        check_microbatches(targets.shape[0], microbatches)
+    losses: list = []
+    kwargs = {"target": targets, "losses": losses} if last else {}
+    runner.step(*((inputs,) if first else ()), **kwargs)
+    loss = float(sum(float(x.detach()) for x in losses) / microbatches) if losses else None
+    return loss, [torch.zeros_like(q) if q.grad is None else q.grad.detach().clone()
+                  for module in modules for q in module.parameters()]
