@@ -12,6 +12,7 @@ _EXPORTS = {
     "WorkerError": "ddnb.errors",
     "WorkerLostError": "ddnb.errors",
     "WorkerTimeoutError": "ddnb.errors",
+    "ProcessGrid": "ddnb.process_grid",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,145 @@
+"""ProcessGrid: the world's ranks laid out on a dp × pp × tp grid, and the process groups
+of each axis.
+
+Combining parallelisms ("3D parallelism": Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.3 and 3) means every
+rank has a coordinate on three axes and talks to different ranks on each:
+
+    tp   tensor parallel: the ranks that split one layer's matmuls (all-reduce every layer)
+    pp   pipeline parallel: the ranks that hold consecutive stages (send/recv activations)
+    dp   data parallel: the ranks that hold the same shard of the model (all-reduce grads)
+
+Axis order (the same as Megatron-LM's default and torchtitan's mesh ["pp", "dp", "tp"]):
+tp varies fastest, then dp, and pp slowest,
+
+    rank = pp_rank · (dp · tp) + dp_rank · tp + tp_rank
+
+so the t ranks of a tensor-parallel group are consecutive (on one machine, where the
+bandwidth is highest: tp communicates the most, Narayanan et al. 2021, Sec. 3.3,
+"Takeaway #1"). With dp=2, tp=2 on 4 ranks: tp groups [0, 1], [2, 3]; dp groups
+[0, 2], [1, 3].
+
+    grid = ProcessGrid(dp=2, tp=2)                # on every rank, at the same point
+    grid.coords()                                 # Coords(dp=1, pp=0, tp=0) on rank 2
+    grid.ranks("tp")                              # [2, 3]: my tp group, global ranks
+    grid.group("dp")                              # the torch.distributed group of [0, 2]
+
+The groups are made with dist.new_group, which every rank must call for every group in
+the same order (or some rank blocks): the constructor makes all of them, axis by axis,
+on every rank, and keeps the ones this rank belongs to. Nothing is global: pass the grid
+(or its groups) to what needs it. Without torch.distributed (or with world_size and rank
+given) it is pure arithmetic. Taught in `notebooks/10_tensor_parallelism.ipynb`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch.distributed as dist
+
+AXES = ("dp", "pp", "tp")
+ORDER = ("pp", "dp", "tp")   # slowest to fastest
+
+
+class Coords(NamedTuple):
+    dp: int
+    pp: int
+    tp: int
+
+
+class ProcessGrid:
+    """dp · pp · tp ranks on a grid (tp fastest-varying, pp slowest) and their groups.
+
+    world_size / rank default to torch.distributed's; the groups are built (on every
+    rank, in the same order) only when torch.distributed is initialized and
+    `build_groups` is True."""
+
+    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, world_size: int | None = None,
+                 rank: int | None = None, build_groups: bool = True):
+        sizes = {"dp": dp, "pp": pp, "tp": tp}
+        bad = [f"{a}={v!r}" for a, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            raise ValueError(f"dp, pp and tp must be integers >= 1, got {', '.join(bad)}")
+        initialized = dist.is_available() and dist.is_initialized()
+        if world_size is None:
+            if not initialized:
+                raise ValueError("world_size is needed when torch.distributed is not initialized")
+            world_size = dist.get_world_size()
+        if rank is None:
+            rank = dist.get_rank() if initialized else 0
+        if dp * pp * tp != world_size:
+            raise ValueError(f"dp({dp}) * pp({pp}) * tp({tp}) != world_size({world_size}): "
+                             f"the grid has {dp * pp * tp} positions for {world_size} ranks")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank({rank}) is not in [0, world_size({world_size}))")
+        self.sizes, self.world_size, self.rank = sizes, world_size, rank
+        self._groups: dict = {}
+        if build_groups and initialized:
+            if world_size != dist.get_world_size():
+                raise ValueError(f"world_size({world_size}) differs from torch.distributed's "
+                                 f"({dist.get_world_size()}): groups can only be built over the whole world")
+            for axis in AXES:                               # the same calls, in the same order, on every rank
+                for ranks in self.all_ranks(axis):
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        self._groups[axis] = group
+
+    @property
+    def dp(self) -> int:
+        return self.sizes["dp"]
+
+    @property
+    def pp(self) -> int:
+        return self.sizes["pp"]
+
+    @property
+    def tp(self) -> int:
+        return self.sizes["tp"]
+
+    def coords(self, rank: int | None = None) -> Coords:
+        """(dp, pp, tp) coordinates of `rank` (default: this rank)."""
+        rank = self.rank if rank is None else rank
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank({rank}) is not in [0, world_size({self.world_size}))")
+        tp_rank = rank % self.tp
+        dp_rank = rank // self.tp % self.dp
+        pp_rank = rank // (self.tp * self.dp)
+        return Coords(dp=dp_rank, pp=pp_rank, tp=tp_rank)
+
+    def rank_of(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
+        """The global rank at coordinates (dp, pp, tp): the inverse of coords."""
+        for axis, v in (("dp", dp), ("pp", pp), ("tp", tp)):
+            if not 0 <= v < self.sizes[axis]:
+                raise ValueError(f"{axis}={v} is not in [0, {axis}({self.sizes[axis]}))")
+        return pp * self.dp * self.tp + dp * self.tp + tp
+
+    def ranks(self, axis: str, rank: int | None = None) -> list[int]:
+        """The global ranks of `rank`'s group along `axis` (the others fixed), in order."""
+        c = self.coords(rank)._asdict()
+        self._check_axis(axis)
+        return [self.rank_of(**{**c, axis: i}) for i in range(self.sizes[axis])]
+
+    def all_ranks(self, axis: str) -> list[list[int]]:
+        """Every group along `axis`, each a list of global ranks, ordered by their first rank."""
+        self._check_axis(axis)
+        groups = {tuple(self.ranks(axis, r)) for r in range(self.world_size)}
+        return [list(g) for g in sorted(groups)]
+
+    def group(self, axis: str):
+        """This rank's torch.distributed process group along `axis`."""
+        self._check_axis(axis)
+        if axis not in self._groups:
+            raise RuntimeError("this ProcessGrid built no process groups (torch.distributed was not "
+                               "initialized, or build_groups=False)")
+        return self._groups[axis]
+
+    def _check_axis(self, axis: str) -> None:
+        if axis not in AXES:
+            raise ValueError(f"axis={axis!r} is not one of {AXES}")
+
+    def __repr__(self) -> str:
+        return (f"ProcessGrid(dp={self.dp}, pp={self.pp}, tp={self.tp}, world_size={self.world_size}, "
+                f"rank={self.rank}: {self.coords()})")
+
+    def table(self) -> list[dict]:
+        """One row per rank: {"rank", "dp", "pp", "tp"} (for printing the layout)."""
+        return [{"rank": r, **self.coords(r)._asdict()} for r in range(self.world_size)]
