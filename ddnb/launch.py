@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("--steps", type=int, default=50)
     dp.add_argument("--per-rank", type=int, default=32, help="digits per rank per step")
     dp.add_argument("--lr", type=float, default=0.05)
+    dp.add_argument("--hidden", type=int, default=128, help="units per hidden layer")
+    dp.add_argument("--layers", type=int, default=1, help="hidden layers (more: more, smaller tensors)")
     dp.add_argument("--seed", type=int, default=0)
     dp.add_argument("--allreduce", default="torch", help="naive/bucketed: torch, ring, tree, naive, halving_doubling")
     dp.add_argument("--bucket-mb", type=float, default=0.01)
@@ -84,19 +86,21 @@ def main(argv=None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        check_args(args.strategy, args.steps, args.per_rank, args.lr)
+        check_args(args.strategy, args.steps, args.per_rank, args.lr, args.hidden, args.layers)
     except ValueError as e:
         raise SystemExit(f"ddnb.launch: {e}") from None
     init_from_launcher(args.strategy, args.timeout)
     out = train_digits(args.strategy, steps=args.steps, per_rank=args.per_rank, lr=args.lr, seed=args.seed,
+                       hidden=args.hidden, layers=args.layers,
                        allreduce=args.allreduce, bucket_mb=args.bucket_mb)
     if out["rank"] == 0:
         row = {"strategy": args.strategy, "world_size": out["world_size"], "steps": args.steps,
+               "tensors": 2 * (args.layers + 1),
                "first_loss": round(out["losses"][0], 6), "final_loss": round(out["losses"][-1], 6),
                "accuracy": round(out["accuracy"], 6), "step_time": out["step_time"]}
         if args.compare:
             ref = reference_digits(out["world_size"], steps=args.steps, per_rank=args.per_rank, lr=args.lr,
-                                   seed=args.seed)
+                                   hidden=args.hidden, layers=args.layers, seed=args.seed)
             row["max_param_diff_vs_single_process"] = (out["params"] - ref["params"]).abs().max().item()
         print(json.dumps(row), flush=True)
     if args.strategy == "horovod":

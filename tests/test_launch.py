@@ -21,10 +21,10 @@ BIN = os.path.dirname(sys.executable)
 STEPS = 12
 
 
-@pytest.mark.parametrize("strategy", ["naive", "bucketed", "ddp"])
-def test_train_digits_equals_one_process_on_the_global_batch(world, strategy):
-    ref = reference_digits(2, steps=STEPS, per_rank=32)
-    got = world(2).run(train_digits, strategy, steps=STEPS, per_rank=32)
+@pytest.mark.parametrize("strategy, layers", [("naive", 1), ("bucketed", 3), ("ddp", 1)])
+def test_train_digits_equals_one_process_on_the_global_batch(world, strategy, layers):
+    ref = reference_digits(2, steps=STEPS, per_rank=32, hidden=32, layers=layers)
+    got = world(2).run(train_digits, strategy, steps=STEPS, per_rank=32, hidden=32, layers=layers)
     for r in got:
         assert (r["params"] - ref["params"]).abs().max().item() < 1e-5
         assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)
@@ -41,6 +41,7 @@ def test_launcher_detected_from_the_environment():
 @pytest.mark.parametrize("argv, message", [
     (["dp", "--steps", "0"], "steps must be an integer >= 1, got 0"),
     (["dp", "--lr", "-1"], "lr must be > 0"),
+    (["dp", "--layers", "0"], "layers must be an integer >= 1, got 0"),
     (["dp", "--strategy", "ddp"], "runs under torchrun"),
     (["dp", "--strategy", "horovod"], "runs under horovodrun"),
 ])

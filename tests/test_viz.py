@@ -83,3 +83,39 @@ def test_parameter_server_plots_draw_from_plain_results():
     ax = plot_traffic({"sent": [4 << 20, 1 << 20], "received": [4 << 20, 1 << 20]}, steps=2, servers=1)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["server\nrank 0", "worker\nrank 1"]
     assert sorted(p.get_height() for p in ax.patches) == [0.5, 0.5, 2.0, 2.0]
+
+
+def test_scaling_table_speedup_and_efficiency():
+    from ddnb.viz import scaling_table
+
+    rows = scaling_table({4: 1.0, 1: 2.0, 2: 1.0})
+    assert [(r["workers"], r["speedup"], r["efficiency"]) for r in rows] == [(1, 1.0, 1.0), (2, 2.0, 1.0), (4, 2.0, 0.5)]
+    assert scaling_table({2: 1.0})[0]["efficiency"] is None          # no 1-worker baseline yet
+    with pytest.raises(ValueError, match="worker counts must be integers >= 1"):
+        scaling_table({0: 1.0})
+    with pytest.raises(ValueError, match="times must be > 0"):
+        scaling_table({1: 0.0})
+
+
+def test_worker_count_explorer_draws_efficiency_from_a_fake_cluster():
+    import matplotlib.pyplot as plt
+
+    from ddnb.viz import WorkerCountExplorer, plot_scaling
+
+    class FakeCluster:
+        n = 2
+
+        def resize(self, n):
+            if n > 3:
+                raise ValueError("only 3 engines here")
+            self.n = n
+
+    explorer = WorkerCountExplorer(FakeCluster(), lambda c: 1.0 / c.n + 0.1, max_workers=4, efficiency=True)
+    assert explorer.sweep([1, 2, 3]) == pytest.approx({1: 1.1, 2: 0.6, 3: 1 / 3 + 0.1})
+    first = bytes(explorer.image.value)
+    assert first.startswith(b"\x89PNG")
+    explorer.slider.value = 4                       # an error shows in the widget, never raises
+    assert explorer.status.value == "4 workers: ValueError: only 3 engines here" and 4 not in explorer.times
+    axes = plot_scaling(explorer.times)
+    assert [round(y, 3) for y in axes[1].lines[1].get_ydata()] == [1.0, round(1.1 / 1.2, 3), round(1.1 / 1.3, 3)]
+    plt.close("all")

@@ -20,11 +20,11 @@ import time
 STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
 
 
-def check_args(strategy: str, steps: int, per_rank: int, lr: float) -> None:
+def check_args(strategy: str, steps: int, per_rank: int, lr: float, hidden: int = 128, layers: int = 1) -> None:
     """Bad arguments fail here, on every rank alike, before any collective."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES}")
-    for name, v in (("steps", steps), ("per_rank", per_rank)):
+    for name, v in (("steps", steps), ("per_rank", per_rank), ("hidden", hidden), ("layers", layers)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     if not lr > 0:
@@ -61,11 +61,13 @@ def _mean_over_ranks(strategy: str, values):
 
 
 def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr: float = 0.05,
-                 momentum: float = 0.9, hidden: int = 128, seed: int = 0, allreduce: str = "torch",
+                 momentum: float = 0.9, hidden: int = 128, layers: int = 1, seed: int = 0, allreduce: str = "torch",
                  bucket_mb: float = 0.01, tracer=None, **optimizer_kwargs) -> dict:
     """Train on every rank; returns {"params": flat parameters (this rank's replica),
     "losses": the mean over ranks of each step's loss, "accuracy": test accuracy,
-    "step_time": median seconds a step, "rank", "world_size"}.
+    "step_time": median seconds a step, "time": seconds of all steps, "rank", "world_size"}.
+    The MLP has `layers` hidden layers of `hidden` units (more layers: more, smaller
+    gradient tensors to all-reduce).
     `optimizer_kwargs` go to hvd.DistributedOptimizer (strategy "horovod")."""
     import statistics
 
@@ -76,10 +78,10 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
     from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel, ShardSampler, replicate
     from ddnb.models import accuracy, flat_params, mlp
 
-    check_args(strategy, steps, per_rank, lr)
+    check_args(strategy, steps, per_rank, lr, hidden, layers)
     rank, n = _rank_and_size(strategy)
     train_set, test_set = digits(seed=0)
-    model = mlp((64, hidden, 10), seed=rank)               # each rank its own start: replication needed
+    model = mlp((64,) + (hidden,) * layers + (10,), seed=rank)   # each rank its own start: replication needed
     sync = None
     if strategy == "horovod":
         from ddnb.data_parallel import horovod_optimizer
@@ -102,6 +104,7 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
     sampler = ShardSampler(train_set, num_replicas=n, rank=rank, seed=seed)
     per_epoch = len(sampler) // per_rank
     losses, times, idx = [], [], None
+    loop_start = time.perf_counter()
     for t in range(steps):
         epoch, i = divmod(t, per_epoch)
         if i == 0:
@@ -117,15 +120,16 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
+    loop_time = time.perf_counter() - loop_start
     if hasattr(wrapped, "remove_hooks"):
         wrapped.remove_hooks()
     return {"params": flat_params(model), "losses": _mean_over_ranks(strategy, losses),
-            "accuracy": accuracy(model, test_set), "step_time": statistics.median(times),
+            "accuracy": accuracy(model, test_set), "step_time": statistics.median(times), "time": loop_time,
             "rank": rank, "world_size": n}
 
 
 def reference_digits(workers: int, steps: int = 10, per_rank: int = 32, lr: float = 0.05,
-                     momentum: float = 0.9, hidden: int = 128, seed: int = 0) -> dict:
+                     momentum: float = 0.9, hidden: int = 128, layers: int = 1, seed: int = 0) -> dict:
     """One process doing what `train_digits` does on `workers` ranks: SGD on the global
     batch (the concatenation of every rank's `per_rank` digits) from rank 0's start.
     Returns {"params", "losses", "accuracy"} (losses: the mean of the shards' losses)."""
@@ -136,9 +140,9 @@ def reference_digits(workers: int, steps: int = 10, per_rank: int = 32, lr: floa
     from ddnb.data_parallel import shard_indices
     from ddnb.models import accuracy, flat_params, mlp
 
-    check_args("ddp", steps, per_rank, lr)
+    check_args("ddp", steps, per_rank, lr, hidden, layers)
     train_set, test_set = digits(seed=0)
-    model = mlp((64, hidden, 10), seed=0)
+    model = mlp((64,) + (hidden,) * layers + (10,), seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     shards, losses = None, []
     per_epoch = len(shard_indices(len(train_set), workers, 0, seed=seed)) // per_rank

@@ -1,4 +1,8 @@
-"""How a measured time changes with the number of workers."""
+"""How a measured time changes with the number of workers, and the scaling efficiency.
+
+For a fixed amount of work (an epoch), with T(N) the time on N workers:
+speedup S(N) = T(1) / T(N) and efficiency E(N) = S(N) / N (1 is perfect, linear scaling).
+Taught in `notebooks/06_data_parallelism.ipynb` (and 00, 05 for the time alone)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -22,3 +26,35 @@ def plot_time_vs_workers(times: dict[int, float], ax=None, title: str = "", unit
         ax.legend()
     ax.grid(alpha=0.3)
     return ax
+
+
+def scaling_table(times: dict[int, float]) -> list[dict]:
+    """Rows {workers, time, speedup, efficiency} from {workers: seconds for the same work},
+    sorted by workers; speedup and efficiency are relative to 1 worker (None without it)."""
+    if any(not (isinstance(n, int) and n >= 1) for n in times):
+        raise ValueError(f"worker counts must be integers >= 1, got {sorted(times)}")
+    if any(not t > 0 for t in times.values()):
+        raise ValueError(f"times must be > 0 seconds, got {times}")
+    base = times.get(1)
+    return [{"workers": n, "time": times[n], "speedup": None if base is None else base / times[n],
+             "efficiency": None if base is None else base / (n * times[n])} for n in sorted(times)]
+
+
+def plot_scaling(times: dict[int, float], title: str = "", unit: str = "s", axes=None):
+    """Two panels: the time for the same work against workers, and the efficiency
+    T(1) / (N T(N)) against the ideal 1 (drawn once 1 worker is measured). Returns the axes."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    plot_time_vs_workers(times, ax=axes[0], title=title, unit=unit)
+    rows = [r for r in scaling_table(times) if r["efficiency"] is not None]
+    ax = axes[1]
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="linear scaling")
+    if rows:
+        ax.plot([r["workers"] for r in rows], [r["efficiency"] for r in rows], "o-", color="C1", label="measured")
+    ax.set_xticks(sorted(times))
+    ax.set_xlabel("workers")
+    ax.set_ylabel("efficiency T(1) / (N T(N))")
+    ax.set_ylim(0, 1.2)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return axes

@@ -11,7 +11,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ddnb.viz.scaling import plot_time_vs_workers
+from ddnb.viz.scaling import plot_scaling, plot_time_vs_workers
 
 
 class WorkerCountExplorer:
@@ -23,10 +23,12 @@ class WorkerCountExplorer:
         explorer                       # the slider and the plot
     """
 
-    def __init__(self, cluster, measure, max_workers: int = 4, title: str = "", unit: str = "ms"):
+    def __init__(self, cluster, measure, max_workers: int = 4, title: str = "", unit: str = "ms",
+                 efficiency: bool = False):
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.cluster, self._measure, self.title, self.unit = cluster, measure, title, unit
+        self.efficiency = efficiency   # also draw T(1) / (N T(N)): `measure` times the same work at every N
         self.times: dict[int, float] = {}
         self.slider = widgets.IntSlider(value=min(cluster.n, max_workers), min=1, max=max_workers,
                                         description="workers", continuous_update=False)
@@ -55,8 +57,11 @@ class WorkerCountExplorer:
         return dict(sorted(self.times.items()))
 
     def redraw(self) -> None:
-        ax = plot_time_vs_workers(self.times, title=self.title, unit=self.unit)
-        self.image.value = figure_png(ax.figure)
+        if self.efficiency:
+            fig = plot_scaling(self.times, title=self.title, unit=self.unit)[0].figure
+        else:
+            fig = plot_time_vs_workers(self.times, title=self.title, unit=self.unit).figure
+        self.image.value = figure_png(fig)
 
     def _ipython_display_(self):
         display(self.widget)
