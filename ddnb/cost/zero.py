@@ -1,0 +1,63 @@
+"""Bytes of model states per device under ZeRO, stage 0 (plain data parallel) to 3.
+
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", Sec. 3.1 and Sec. 5 (Figure 1). With mixed-precision Adam each of the Ψ
+parameters costs 2 bytes (fp16 parameter) + 2 bytes (fp16 gradient) + K bytes of
+optimizer state (fp32 master parameter, momentum and variance: K = 12). On N data-parallel
+devices:
+
+    stage 0  (P_none)     (2 + 2 + K) Ψ               every device holds everything
+    stage 1  (P_os)       (2 + 2) Ψ + K Ψ / N         optimizer state sharded
+    stage 2  (P_os+g)     2 Ψ + (2 + K) Ψ / N         ... and gradients
+    stage 3  (P_os+g+p)   (2 + 2 + K) Ψ / N           ... and parameters
+
+The paper's example, Ψ = 7.5 B, N = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+`param_bytes` and `grad_bytes` generalize the 2 and 2: plain fp32 Adam (what
+`ddnb.sharding` runs on CPU) is param_bytes=4, grad_bytes=4, k=8 (momentum and variance).
+Taught in `notebooks/11_memory_sharding.ipynb`.
+
+    zero_memory(7.5e9, 64, stage=3)              # 1.875e9 bytes
+    zero_memory_parts(7.5e9, 64, stage=1)        # {"parameters": 1.5e10, "gradients": 1.5e10, "optimizer": 1.41e9}
+"""
+from __future__ import annotations
+
+import numbers
+
+STAGES = (0, 1, 2, 3)
+
+
+def _validate(num_params, world_size, stage, k, param_bytes, grad_bytes) -> None:
+    bad = []
+    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or not num_params > 0:
+        bad.append(f"num_params must be a number > 0, got num_params={num_params!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+        bad.append(f"world_size must be an integer >= 1, got world_size={world_size!r}")
+    if isinstance(stage, bool) or stage not in STAGES:
+        bad.append(f"stage must be one of {list(STAGES)} (0: plain data parallel, 1: optimizer state, "
+                   f"2: + gradients, 3: + parameters sharded), got stage={stage!r}")
+    for name, v in (("k", k), ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
+            bad.append(f"{name} must be a number of bytes per parameter >= 0, got {name}={v!r}")
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def zero_memory_parts(num_params, world_size: int, stage: int, k: float = 12, param_bytes: float = 2,
+                      grad_bytes: float = 2) -> dict:
+    """{"parameters", "gradients", "optimizer"}: bytes of each model state on one device
+    under ZeRO `stage` (Rajbhandari et al. 2020, Sec. 5, Figure 1). Stage s divides the
+    optimizer state by N from s >= 1, the gradients from s >= 2, the parameters at s = 3."""
+    _validate(num_params, world_size, stage, k, param_bytes, grad_bytes)
+    n, psi = world_size, num_params
+    return {"parameters": param_bytes * psi / (n if stage >= 3 else 1),
+            "gradients": grad_bytes * psi / (n if stage >= 2 else 1),
+            "optimizer": k * psi / (n if stage >= 1 else 1)}
+
+
+def zero_memory(num_params, world_size: int, stage: int, k: float = 12, param_bytes: float = 2,
+                grad_bytes: float = 2) -> float:
+    """Bytes of model states (parameters + gradients + optimizer state) per device under
+    ZeRO `stage` 0-3 with mixed-precision Adam: (2 + 2 + K)Ψ, 4Ψ + KΨ/N, 2Ψ + (2 + K)Ψ/N,
+    (2 + 2 + K)Ψ/N (Rajbhandari et al. 2020, Sec. 5, Figure 1). Activations, temporary
+    buffers and fragmentation (the paper's "residual states", Sec. 3.2) are not included."""
+    return sum(zero_memory_parts(num_params, world_size, stage, k, param_bytes, grad_bytes).values())

@@ -1,0 +1,89 @@
+"""ZeRO stage 2 (P_os+g): also keep only this rank's 1/N of the gradients.
+
+Rajbhandari et al. 2020, "ZeRO", Sec. 5.2: rank r's Adam needs the averaged gradient of
+its own shard only, so instead of all-reducing the full gradient (stage 1, `zero1.py`)
+each layer's gradient is *reduce-scattered* as soon as backward has produced it, and the
+full gradient is freed at once. The paper's "bucketization" does this per bucket during
+backward; here a bucket is one unit (layer), triggered when the last of its parameters'
+gradients is accumulated (`Tensor.register_post_accumulate_grad_hook`).
+
+    backward reaches layer u:  g_u (N·S,) -> reduce_scatter -> my (S,) / N; free g_u
+    step:                      Adam on my shards, then all_gather the parameters (as stage 1)
+
+Communication: a reduce-scatter plus an all-gather is exactly one ring all-reduce's
+volume (2(N-1)/N · Ψ per rank, Sec. 7.2.1), so stage 2 saves memory at no extra traffic.
+Per rank at rest: 2Ψ + (2 + K)Ψ/N bytes with mixed precision; fp32 here: 4Ψ + (4 + 8)Ψ/N.
+Only one layer's full gradient exists at a time during backward (two while one is being
+reduced). One backward per step: the shard gradient is overwritten, not accumulated.
+Taught in `notebooks/11_memory_sharding.ipynb`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddnb.memory import tensor_bytes
+from ddnb.sharding.flat import FlatUnit
+from ddnb.sharding.zero1 import ZeroStage1
+
+
+class ZeroStage2(ZeroStage1):
+    """ZeRO stage 2: like `ZeroStage1`, with gradients reduce-scattered layer by layer in
+    backward. Same API: forward, loss.backward(), step(), zero_grad(), memory()."""
+
+    stage = 2
+
+    def _setup(self) -> None:
+        self.flat_grads = []
+        self._pending = [0] * len(self.units)      # gradients still to come, per unit
+        self._reduced = [False] * len(self.units)
+        self.peak_full_grad_bytes = 0              # most full-gradient bytes alive at once
+        for i, u in enumerate(self.units):
+            for p in u.params:
+                p.grad = None
+                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+        self._arm()
+
+    def _arm(self) -> None:
+        self._pending = [len(u.params) for u in self.units]
+        self._reduced = [False] * len(self.units)
+
+    def _full_grad_bytes(self) -> int:
+        return tensor_bytes(p.grad for u in self.units for p in u.params if p.grad is not None)
+
+    def _grad_ready(self, i: int) -> None:
+        self._pending[i] -= 1
+        if self._pending[i] == 0:
+            self._reduce_unit(i)
+
+    @torch.no_grad()
+    def _reduce_unit(self, i: int) -> None:
+        """Reduce-scatter unit i's gradient into this rank's shard, then free it."""
+        u: FlatUnit = self.units[i]
+        self.peak_full_grad_bytes = max(self.peak_full_grad_bytes, self._full_grad_bytes())
+        g = u.flat_grad()                                              # (N·S,)
+        mine = torch.empty(u.shard_numel, dtype=g.dtype, device=g.device)   # (S,)
+        dist.reduce_scatter_single(mine, g, group=self.group)          # Σ_r my slice of grad_r
+        self.shards[i].grad = mine.div_(self.world_size)
+        for p in u.params:
+            p.grad = None                                              # the full gradient is gone
+        self._reduced[i] = True
+        self._after_reduce(i)
+
+    def _after_reduce(self, i: int) -> None:
+        """Hook for stage 3 (free the gathered parameters too)."""
+
+    def _reduce_gradients(self) -> None:
+        # units whose gradients never all arrived (a parameter unused this step on every
+        # rank) are reduced now, with zeros where a gradient is missing
+        for i, done in enumerate(self._reduced):
+            if not done:
+                self._reduce_unit(i)
+        self._arm()
+
+    def zero_grad(self) -> None:
+        for u, shard in zip(self.units, self.shards):
+            shard.grad = None
+            for p in u.params:
+                p.grad = None
+        self._arm()
