@@ -1,0 +1,269 @@
+"""Predicted time of one data-parallel training step, from 8 to thousands of workers.
+
+Weak scaling: every worker keeps its batch, so its compute time per step, T_c, does not
+change with the number of workers N; what grows is the synchronization of S bytes of
+gradients (S = parameters x bytes per parameter). One step costs
+
+    T(N) = T_c + T_comm(N)          (or max(T_c, T_comm) if communication is fully hidden)
+    scaling efficiency  E(N) = T(1) / T(N) = T_c / T(N)      (throughput per worker vs. alone)
+
+with T_comm from the alpha-beta-gamma model (`ddnb.cost.alpha_beta`, Thakur et al. 2005):
+a message of n bytes costs alpha + n beta, reducing n bytes costs n gamma. Per scheme:
+
+    ps_central    one server; its link serializes N pushes and N pulls (Li et al., OSDI 2014):
+                  2N(alpha + S beta) + N S gamma                  (the 2 N S bytes of its link)
+    ps_sharded    k servers, S/k bytes each: 2N(alpha + S/k beta) + N S/k gamma, or the
+                  worker's own link, 2k alpha + 2 S beta, when that is slower (k > N)
+    tree, ring, halving_doubling     `allreduce_time` (ring: 2(N-1) alpha + 2(N-1)/N S beta + ...)
+    hierarchical  reduce-scatter in the node, all-reduce across nodes, all-gather in the node
+                  (Goyal et al. 2017, Section 4; Jia et al. 2018, "hierarchical all-reduce"; NCCL)
+    torus2d       the same three phases on a rows x cols grid of one network: a 2D ring
+                  (Mikami et al. 2018, "2D-torus all-reduce"; Ying et al. 2018, TPU pods)
+
+The ring sends the fewest bytes possible, but 2(N-1) messages: its latency term
+2(N-1) alpha overtakes its bandwidth term 2(N-1)/N n beta once N > n beta / alpha
+(`ring_latency_takeover`); the two-level schemes pay 2(g-1) + 2(m-1) messages instead.
+With `bucket_bytes` the gradient goes out in ceil(S / bucket) equal all-reduces, as DDP
+and Horovod send it, and every one of them pays the latency.
+
+The networks below are illustrative round numbers, not measurements: 100 Gb/s Ethernet
+(RoCE) with ~5 us per message and 400 Gb/s InfiniBand NDR with ~2 us, the order of what
+MPI/NCCL point-to-point latencies are on such fabrics; NVLink 3 (A100: 600 GB/s both ways,
+300 GB/s each way, NVIDIA A100 datasheet) with ~1 us inside a node.
+Taught in `notebooks/12_scalability.ipynb`.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from ddnb.cost.alpha_beta import allreduce_time
+
+
+class Network(NamedTuple):
+    """A link: `bandwidth` in bits per second (one direction), `latency` in seconds a message."""
+    name: str
+    bandwidth: float
+    latency: float
+
+    @property
+    def alpha(self) -> float:
+        return self.latency
+
+    @property
+    def beta(self) -> float:
+        return 8.0 / self.bandwidth  # seconds per byte
+
+
+def network(bandwidth_gbps: float, latency_us: float, name: str | None = None) -> Network:
+    """Network(bandwidth_gbps Gb/s, latency_us us a message), validated."""
+    _positive("bandwidth_gbps", bandwidth_gbps)
+    _nonnegative("latency_us", latency_us)
+    return Network(name or f"{bandwidth_gbps:g} Gb/s, {latency_us:g} us", bandwidth_gbps * 1e9, latency_us * 1e-6)
+
+
+NETWORKS = {  # illustrative, see the module docstring
+    "100G Ethernet": Network("100 Gb/s, 5 us", 100e9, 5e-6),
+    "400G InfiniBand": Network("400 Gb/s, 2 us", 400e9, 2e-6),
+}
+NVLINK = Network("NVLink 300 GB/s, 1 us", 2400e9, 1e-6)
+STEP_ALGORITHMS = ("ps_central", "ps_sharded", "tree", "ring", "halving_doubling", "hierarchical", "torus2d")
+
+
+# ---------------------------------------------------------------- validation
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _positive(name, value) -> None:
+    if not (_number(value) and value > 0):
+        raise ValueError(f"{name} must be a number > 0, got {name}={value!r}")
+
+
+def _nonnegative(name, value) -> None:
+    if not (_number(value) and value >= 0):
+        raise ValueError(f"{name} must be a number >= 0, got {name}={value!r}")
+
+
+def _count(name, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}")
+
+
+def _link(name, net) -> None:
+    if not isinstance(net, Network):
+        raise ValueError(f"{name} must be a ddnb.cost.scaling.Network (see network(...)), got {net!r}")
+    _positive(f"{name}.bandwidth", net.bandwidth)
+    _nonnegative(f"{name}.latency", net.latency)
+
+
+# ---------------------------------------------------------------- the schemes
+def parameter_server_time(nbytes: float, workers: int, alpha: float, beta: float, gamma: float = 0.0,
+                          servers: int = 1) -> float:
+    """Seconds of one push (gradients) and pull (parameters) of `nbytes` per worker, with
+    the parameters split evenly over `servers` servers on their own links (Li et al. 2014).
+
+    Server j receives N messages of S/k bytes one after another, sums them, and sends N
+    back: 2N(alpha + S/k beta) + N S/k gamma. A worker sends k messages and receives k,
+    2k alpha + 2 S beta in all; the step waits for the slower of the two links.
+    servers=1 is the central server: 2N(alpha + S beta) + N S gamma, its link carrying
+    2 N S bytes (`ddnb.parameter_server.sharded.bytes_per_step`)."""
+    _nonnegative("nbytes", nbytes)
+    _count("workers", workers)
+    _count("servers", servers)
+    for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        _nonnegative(name, v)
+    n, k, s = workers, servers, float(nbytes)
+    server_link = 2 * n * (alpha + s / k * beta) + n * s / k * gamma
+    worker_link = 2 * k * alpha + 2 * s * beta
+    return max(server_link, worker_link)
+
+
+def hierarchical_allreduce_time(nbytes: float, workers: int, per_node: int, intra: Network, inter: Network,
+                                gamma: float = 0.0, inter_algorithm: str = "ring") -> float:
+    """Seconds of a two-level all-reduce of `nbytes` on `workers` = m nodes x g = `per_node`:
+
+    1. reduce-scatter in each node (ring of g on `intra`): (g-1) a_in + (g-1)/g S (b_in + gamma)
+    2. all-reduce of the S/g bytes each worker now owns, with its peers of the same local
+       rank in the other m-1 nodes (`inter_algorithm` on `inter`; the g such all-reduces
+       run at once, one per local rank: one NIC per GPU, as on DGX nodes)
+    3. all-gather in each node: (g-1) a_in + (g-1)/g S b_in
+
+    Goyal et al. 2017 (Section 4: reduce in the server, halving-doubling across servers,
+    broadcast back), Jia et al. 2018 (their "hierarchical all-reduce"), NCCL's
+    trees/rings across nodes. One node (m = 1): the flat ring on `intra`; one worker per
+    node (g = 1): the flat `inter_algorithm` on `inter`."""
+    _nonnegative("nbytes", nbytes)
+    _count("workers", workers)
+    _count("per_node", per_node)
+    _link("intra", intra)
+    _link("inter", inter)
+    _nonnegative("gamma", gamma)
+    if workers % per_node:
+        raise ValueError(f"workers={workers} is not a whole number of nodes of per_node={per_node} "
+                         f"(need workers % per_node == 0, got remainder {workers % per_node})")
+    return _two_level(float(nbytes), per_node, workers // per_node, intra.alpha, intra.beta, inter.alpha,
+                      inter.beta, gamma, inter_algorithm)
+
+
+def _two_level(s: float, g: int, m: int, a_in: float, b_in: float, a_out: float, b_out: float, gamma: float,
+               inter_algorithm: str = "ring") -> float:
+    """Reduce-scatter in groups of g, all-reduce of s/g across the m groups, all-gather."""
+    in_group = 0.0
+    if g > 1:
+        in_group = 2 * (g - 1) * a_in + 2 * (g - 1) / g * s * b_in + (g - 1) / g * s * gamma
+    return in_group + allreduce_time(inter_algorithm, s / g, m, a_out, b_out, gamma)
+
+
+def grid_shape(workers: int) -> tuple[int, int]:
+    """(rows, cols) of the squarest power-of-two grid of `workers` (a power of two):
+    rows = 2^floor(k/2), cols = 2^ceil(k/2) for workers = 2^k (8 -> (2, 4), 4096 -> (64, 64))."""
+    _count("workers", workers)
+    if workers & (workers - 1):
+        raise ValueError(f"workers={workers} is not a power of two: a 2D grid needs one here "
+                         f"(pass rows and cols with rows * cols == workers to torus2d_allreduce_time)")
+    k = workers.bit_length() - 1
+    return 1 << (k // 2), 1 << (k - k // 2)
+
+
+def torus2d_allreduce_time(nbytes: float, rows: int, cols: int, alpha: float, beta: float,
+                           gamma: float = 0.0) -> float:
+    """Seconds of the 2D-torus all-reduce on a rows x cols grid (Mikami et al. 2018):
+    reduce-scatter along each row (ring of cols), all-reduce of the S/cols bytes each worker
+    owns along each column (ring of rows), all-gather along each row:
+
+        2(cols-1) alpha + 2(rows-1) alpha  +  2(p-1)/p S beta  +  (p-1)/p S gamma,  p = rows cols
+
+    the ring's bytes with 2(rows + cols - 2) messages instead of 2(p-1): about 4 sqrt(p)."""
+    _nonnegative("nbytes", nbytes)
+    _count("rows", rows)
+    _count("cols", cols)
+    for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        _nonnegative(name, v)
+    return _two_level(float(nbytes), cols, rows, alpha, beta, alpha, beta, gamma)
+
+
+def ring_latency_takeover(nbytes: float, alpha: float, beta: float) -> int:
+    """Smallest N >= 2 at which the ring's latency term 2(N-1) alpha is at least its
+    bandwidth term 2(N-1)/N n beta, i.e. N >= n beta / alpha."""
+    _nonnegative("nbytes", nbytes)
+    _positive("alpha", alpha)
+    _nonnegative("beta", beta)
+    return max(2, math.ceil(nbytes * beta / alpha * (1 - 1e-12)))
+
+
+# ---------------------------------------------------------------- a training step
+def communication_time(algorithm: str, num_params: float, workers: int, net: Network, bytes_per_param: float = 4,
+                       gamma: float = 0.0, bucket_bytes: float | None = None, servers: int = 1,
+                       per_node: int = 8, intra: Network = NVLINK, inter_algorithm: str = "ring") -> float:
+    """Seconds one step spends synchronizing the gradients of `num_params` parameters
+    (`bytes_per_param` each: 4 fp32, 2 fp16) on `workers` workers with `algorithm` (one of
+    STEP_ALGORITHMS) over `net`. bucket_bytes: send the gradient as ceil(S/bucket) equal
+    all-reduces (None: one). servers: for ps_sharded. per_node, intra, inter_algorithm:
+    for hierarchical (one node when workers <= per_node; otherwise workers must be a
+    multiple of it; `net` is then the network between nodes)."""
+    if algorithm not in STEP_ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(STEP_ALGORITHMS)}")
+    _positive("num_params", num_params)
+    _positive("bytes_per_param", bytes_per_param)
+    _count("workers", workers)
+    _link("net", net)
+    _nonnegative("gamma", gamma)
+    s = num_params * bytes_per_param
+    buckets = 1
+    if bucket_bytes is not None:
+        _positive("bucket_bytes", bucket_bytes)
+        buckets = math.ceil(s / bucket_bytes)
+    n = s / buckets
+    a, b = net.alpha, net.beta
+    if algorithm in ("ps_central", "ps_sharded"):
+        k = 1 if algorithm == "ps_central" else servers
+        return buckets * parameter_server_time(n, workers, a, b, gamma, servers=k)
+    if workers == 1:
+        return 0.0
+    if algorithm == "hierarchical":
+        g = min(per_node, workers)
+        return buckets * hierarchical_allreduce_time(n, workers, g, intra, net, gamma, inter_algorithm)
+    if algorithm == "torus2d":
+        return buckets * torus2d_allreduce_time(n, *grid_shape(workers), a, b, gamma)
+    return buckets * allreduce_time(algorithm, n, workers, a, b, gamma)
+
+
+def step_time(algorithm: str, num_params: float, workers: int, compute_time: float, net: Network,
+              overlap: bool = False, **kwargs) -> float:
+    """Seconds of one weak-scaling step: compute_time + communication_time(...), or their
+    max with overlap=True (communication hidden behind backward, the best case)."""
+    _nonnegative("compute_time", compute_time)
+    comm = communication_time(algorithm, num_params, workers, net, **kwargs)
+    return max(compute_time, comm) if overlap else compute_time + comm
+
+
+def compute_time(flops_per_step: float, peak_flops: float, utilization: float = 0.4) -> float:
+    """Seconds of compute per step on one worker: flops / (peak x utilization). For a
+    transformer, flops ~ 6 x parameters x tokens (Kaplan et al. 2020, Section 2.1)."""
+    _positive("flops_per_step", flops_per_step)
+    _positive("peak_flops", peak_flops)
+    if not (_number(utilization) and 0 < utilization <= 1):
+        raise ValueError(f"utilization must be in (0, 1], got utilization={utilization!r}")
+    return flops_per_step / (peak_flops * utilization)
+
+
+def step_times(algorithms, workers, num_params: float, compute_time: float, net: Network,
+               **kwargs) -> dict[str, dict[int, float]]:
+    """{algorithm: {N: step seconds}} for each algorithm and worker count (kwargs: step_time's)."""
+    return {a: {n: step_time(a, num_params, n, compute_time, net, **kwargs) for n in workers} for a in algorithms}
+
+
+def efficiency(times: dict[int, float], compute_time: float) -> dict[int, float]:
+    """{N: T(1) / T(N)} for weak scaling, with T(1) = compute_time (one worker talks to no one)."""
+    _positive("compute_time", compute_time)
+    return {n: compute_time / t for n, t in times.items()}
+
+
+def crossover(first, second, workers) -> int | None:
+    """The first N of `workers` (ascending) at which first(N) < second(N), or None.
+    first, second: callables N -> seconds, e.g. lambda n: allreduce_time("tree", S, n, a, b)."""
+    for n in sorted(workers):
+        if first(n) < second(n):
+            return n
+    return None
