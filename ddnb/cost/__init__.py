@@ -5,22 +5,38 @@ measurements that give its parameters (ping-pong, sendrecv, a local add).
 `pipeline`: the bubble (p-1)/(m+p-1), step time and activation memory of pipeline
 schedules (Huang et al. 2019; Narayanan et al. 2021).
 `model_parallel`: bytes a naive layer split sends per step, and its per-rank idle time.
+`zero`: bytes of model states per device under ZeRO stages 0-3 (Rajbhandari et al. 2020).
+`scaling`: the predicted step time of data parallelism from 8 to thousands of workers
+(parameter servers, tree, ring, halving-doubling, hierarchical and 2D-torus all-reduce).
+`transformer`: parameters of a GPT, training FLOPs 6·N·D, MFU, days of training (Kaplan et al. 2020).
+`memory_model`: training memory of a GPT on one device, states and activations (Korthikanti et al. 2022).
+`published`: published models' sizes, tokens and compute, as their papers state them.
 """
-from ddnb.cost.alpha_beta import (
-    ALGORITHMS,
-    allreduce_bytes_per_rank,
-    allreduce_time,
-    fit_alpha_beta,
-    measure_gamma,
-    pingpong,
-    sendrecv,
-)
+from ddnb.cost.alpha_beta import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta, measure_gamma,
+                                  pingpong, sendrecv)
+from ddnb.cost.memory_model import dataset_bytes, max_params, token_bytes, training_memory
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
 from ddnb.cost.pipeline import (interleaved_bubble_fraction, model_parallel_idle_fraction, peak_microbatches_in_flight,
                                 pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_step_time)
+from ddnb.cost.scaling import (NETWORKS, STEP_ALGORITHMS, Network, communication_time, hierarchical_allreduce_time,
+                               network, parameter_server_time, step_time, torus2d_allreduce_time)
+from ddnb.cost.transformer import (flops_per_token, model_flops_utilization, training_days, training_flops,
+                                   transformer_params)
+from ddnb.cost.zero import zero_memory, zero_memory_parts
 
-__all__ = ["ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta",
-           "measure_gamma", "pingpong", "sendrecv"]
-__all__ += ["interleaved_bubble_fraction", "model_parallel_idle_fraction", "peak_microbatches_in_flight",
-            "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time"]
-__all__ += ["boundary_bytes", "model_parallel_bytes", "sequential_idle_fractions"]
+__all__ = [
+    # alpha_beta
+    "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta", "measure_gamma", "pingpong",
+    "sendrecv",
+    # pipeline, model_parallel
+    "interleaved_bubble_fraction", "model_parallel_idle_fraction", "peak_microbatches_in_flight",
+    "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time",
+    "boundary_bytes", "model_parallel_bytes", "sequential_idle_fractions",
+    # scaling
+    "NETWORKS", "STEP_ALGORITHMS", "Network", "communication_time", "hierarchical_allreduce_time", "network",
+    "parameter_server_time", "step_time", "torus2d_allreduce_time",
+    # zero, memory_model, transformer
+    "zero_memory", "zero_memory_parts",
+    "dataset_bytes", "max_params", "token_bytes", "training_memory",
+    "flops_per_token", "model_flops_utilization", "training_days", "training_flops", "transformer_params",
+]

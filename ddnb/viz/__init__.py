@@ -5,16 +5,34 @@ from ddnb.viz.bandwidth import plot_allreduce_times, plot_bytes_per_rank
 from ddnb.viz.buffers import plot_buffers
 from ddnb.viz.gradients import (GradientFlowExplorer, plot_bucket_timeline, plot_gradient_heatmap,
                                 plot_horovod_timeline)
+from ddnb.viz.growth import plot_model_growth
 from ddnb.viz.memory import plot_memory
+from ddnb.viz.memory_calculator import MemoryCalculator, plot_training_memory
 from ddnb.viz.pipeline import PipelineExplorer, plot_activation_peaks, plot_bubble, plot_pipeline, plot_schedule
 from ddnb.viz.scaling import plot_scaling, plot_time_vs_workers, scaling_table
+from ddnb.viz.scaling_model import ScalingExplorer, plot_efficiency, plot_predicted_vs_measured, plot_step_times
+from ddnb.viz.sharding import ZeroMemoryExplorer, plot_zero_stages
+from ddnb.viz.single_device import plot_loader_throughput, plot_step_throughput, plot_training_days
+from ddnb.viz.tasks import plot_ensemble, plot_search, plot_task_timeline
 from ddnb.viz.tensor_parallel import TensorParallelExplorer, plot_shard_layout, plot_tp_traffic
 from ddnb.viz.timeline import plot_timeline
 from ddnb.viz.widgets import WorkerCountExplorer
 
-__all__ = ["AllreduceAnimation", "GradientFlowExplorer", "WorkerCountExplorer", "plot_bucket_timeline",
-           "plot_gradient_heatmap", "plot_memory", "plot_horovod_timeline", "allreduce_steps", "plot_allreduce_steps",
-           "plot_allreduce_times", "plot_buffers", "plot_bytes_per_rank", "plot_time_vs_workers", "plot_timeline"]
-__all__ += ["plot_scaling", "scaling_table"]
-__all__ += ["PipelineExplorer", "plot_activation_peaks", "plot_bubble", "plot_pipeline", "plot_schedule"]
-__all__ += ["TensorParallelExplorer", "plot_shard_layout", "plot_tp_traffic"]
+__all__ = [
+    # 00, 03, 05: collectives and all-reduce
+    "AllreduceAnimation", "WorkerCountExplorer", "allreduce_steps", "plot_allreduce_steps", "plot_allreduce_times",
+    "plot_buffers", "plot_bytes_per_rank", "plot_time_vs_workers", "plot_timeline",
+    # 01: why distributed
+    "MemoryCalculator", "plot_loader_throughput", "plot_model_growth", "plot_step_throughput", "plot_training_days",
+    "plot_training_memory",
+    # 02: task parallelism
+    "plot_ensemble", "plot_search", "plot_task_timeline",
+    # 06, 07: data parallelism, Horovod
+    "GradientFlowExplorer", "plot_bucket_timeline", "plot_gradient_heatmap", "plot_horovod_timeline", "plot_scaling",
+    "scaling_table",
+    # 08-11: model, pipeline and tensor parallelism, sharding
+    "plot_memory", "PipelineExplorer", "plot_activation_peaks", "plot_bubble", "plot_pipeline", "plot_schedule",
+    "TensorParallelExplorer", "plot_shard_layout", "plot_tp_traffic", "ZeroMemoryExplorer", "plot_zero_stages",
+    # 12: scalability
+    "ScalingExplorer", "plot_efficiency", "plot_predicted_vs_measured", "plot_step_times",
+]
