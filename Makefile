@@ -25,8 +25,11 @@ setup:
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
 
+# Two runs: the unit and multi-process tests' worlds (processes kept for the whole session)
+# are gone before the notebooks start their own clusters.
 test: setup
-	$(PY) -m pytest tests notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)

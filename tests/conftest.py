@@ -1,5 +1,6 @@
 """Shared fixtures: `world(n)` gives a live gloo world of n ranks (ddnb.testing.World),
-started once per size for the whole session and replaced if a test broke it."""
+started once per size for the whole session and replaced if a test broke it;
+`world(n, horovod=True)` one with Horovod initialized too, closed after its module."""
 import pytest
 
 from ddnb.testing import World
@@ -20,6 +21,16 @@ def world():
     for w in _worlds.values():
         w.close()
     _worlds.clear()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_horovod_worlds():
+    """Horovod worlds live for one test module only: an initialized Horovod's background
+    thread keeps polling even when idle (here about 1.3 cores for 2 ranks), which would
+    slow every test and notebook that runs after it."""
+    yield
+    for key in [k for k in _worlds if k[1]]:
+        _worlds.pop(key).close()
 
 
 def horovod_available() -> bool:
