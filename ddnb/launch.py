@@ -103,13 +103,17 @@ def main(argv=None) -> int:
                                    hidden=args.hidden, layers=args.layers, seed=args.seed)
             row["max_param_diff_vs_single_process"] = (out["params"] - ref["params"]).abs().max().item()
         print(json.dumps(row), flush=True)
+    # Every rank leaves together: a rank that tears its connections down while rank 0 is
+    # still training the reference can abort the launch (gloo on a closed socket).
     if args.strategy == "horovod":
         import horovod.torch as hvd
 
+        hvd.join()
         hvd.shutdown()
     else:
         import torch.distributed as dist
 
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
