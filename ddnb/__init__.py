@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Cluster": "ddnb.cluster",
+    "LostWorker": "ddnb.cluster",
     "ClusterError": "ddnb.errors",
     "WorkerError": "ddnb.errors",
     "WorkerLostError": "ddnb.errors",

@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
 
 import ipyparallel as ipp
 import psutil
@@ -408,15 +409,30 @@ class Cluster:
             raise ValueError(f"{len(per_rank_args)} argument tuples for {self.n} ranks")
         return self._run_engines(fn, per_rank_args, getattr(fn, "__name__", "fn"), kwargs)
 
-    def _run_engines(self, fn, per_rank_args, what, kwargs=None, timeout=None):
+    def run_surviving(self, fn, *args, **kwargs) -> list:
+        """Like run, for code that is meant to outlive a worker (an asynchronous parameter
+        server): a rank whose process dies does not end the wait. The other ranks' results
+        come back in rank order, a `LostWorker(rank, where)` in place of each dead one's.
+        A rank that raises still raises WorkerError, and a rank that does not finish within
+        `timeout` WorkerTimeoutError. Afterwards the cluster has lost those workers:
+        `cluster.alive()` is False until `cluster.restart()`."""
+        return self._run_engines(fn, [args] * self.n, getattr(fn, "__name__", "fn"), kwargs, allow_lost=True)
+
+    def _run_engines(self, fn, per_rank_args, what, kwargs=None, timeout=None, allow_lost=False):
         if self.client is None:
             raise ClusterError("the cluster is stopped; call start() first")
+        dead = self._dead_ranks(range(len(self.workers)))
+        if dead:
+            raise WorkerLostError(dead, f"rank(s) {', '.join(map(str, dead))} of this cluster died earlier "
+                                        f"({'; '.join(self._where(self.workers[r]['engine_id']) for r in dead)}): "
+                                        f"call cluster.restart() before running {what}")
         eids = [w["engine_id"] for w in self.workers]
         ars = [self.client[e].apply_async(fn, *a, **(kwargs or {})) for e, a in zip(eids, per_rank_args)]
-        return self._await(ars, eids, what, timeout)
+        return self._await(ars, eids, what, timeout, allow_lost)
 
-    def _await(self, ars, engine_ids, what, timeout=None):
-        """Wait for one AsyncResult per rank; raise as soon as a rank fails or dies."""
+    def _await(self, ars, engine_ids, what, timeout=None, allow_lost=False):
+        """Wait for one AsyncResult per rank; raise as soon as a rank fails or dies (with
+        allow_lost, a dead rank's result is a LostWorker and the others are waited for)."""
         timeout = timeout or self.timeout
         deadline = time.monotonic() + timeout
         ranks_of = {w["engine_id"]: w["rank"] for w in self.workers}
@@ -434,9 +450,12 @@ class Cluster:
             for k in failed:
                 if k not in dead:
                     _raise_remote(ars[k], label(k), what, ranks_of.get(engine_ids[k], -1))
+            if allow_lost and all(k in dead for k in pending):
+                return [LostWorker(ranks_of.get(engine_ids[k], -1), self._where(engine_ids[k])) if k in dead
+                        else ar.get() for k, ar in enumerate(ars)]
             if not pending and not dead:
                 return [ar.get() for ar in ars]
-            if dead:
+            if dead and not allow_lost:
                 names = ", ".join(f"{label(k)} ({self._where(engine_ids[k])})" for k in dead)
                 raise WorkerLostError([ranks_of.get(engine_ids[k], -1) for k in dead],
                                       f"{names} died while running {what}; the other ranks may be blocked "
@@ -447,7 +466,7 @@ class Cluster:
                 raise WorkerTimeoutError([ranks_of.get(engine_ids[k], -1) for k in pending],
                                          f"{names} did not finish {what} within {timeout:.0f} s "
                                          f"({len(ars) - len(pending)} of {len(ars)} finished); call cluster.restart()")
-            ars[pending[0]].wait(min(0.05, left))
+            ars[next((k for k in pending if k not in dead), pending[0])].wait(min(0.05, left))
 
     def _where(self, engine_id) -> str:
         for w in self.workers:
@@ -465,6 +484,16 @@ class Cluster:
 
     def _dead_ranks(self, ranks) -> list[int]:
         return [r for r in ranks if self._engine_dead(self.workers[r]["engine_id"])]
+
+
+@dataclass(frozen=True)
+class LostWorker:
+    """What `Cluster.run_surviving` returns for a rank whose process died."""
+    rank: int
+    where: str
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} lost ({self.where})"
 
 
 def _push_namespace(names: dict, horovod: bool) -> None:

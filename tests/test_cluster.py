@@ -110,6 +110,43 @@ def test_a_killed_engine_is_named_within_the_timeout():
     assert gone(pids)
 
 
+def test_asynchronous_ps_outlives_a_worker_whose_process_dies():
+    """PSConfig(fail_how="exit"): worker rank 3's process exits mid-step. Under ASP the
+    server declares it lost after worker_timeout and finishes with the others;
+    run_surviving returns their results and a LostWorker for rank 3; run then refuses
+    until restart; nothing is left running."""
+    from functools import partial
+
+    from ddnb.cluster import LostWorker
+    from ddnb.data import digits
+    from ddnb.models import mlp
+    from ddnb.parameter_server import PSConfig, train
+
+    train_set, _ = digits()
+    model_fn = partial(mlp, (64, 16, 10))
+    c = Cluster(n=4, timeout=30)
+    pids = c.pids()
+    victim = c.workers[3]["pid"]
+    try:
+        config = PSConfig(mode="asp", steps=20, batch_size=16, lr=0.1, worker_timeout=2.0,
+                          fail_rank=3, fail_after_steps=4, fail_how="exit")
+        server, w1, w2, lost = c.run_surviving(train, config, model_fn, train_set)
+        assert lost == LostWorker(3, lost.where) and f"pid {victim}" in lost.where
+        assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+        assert [x["rank"] for x in server["lost"]] == [3] and server["lost"][0]["clock"] == 4
+        assert server["updates"] == server["gradients"] == 20 + 20 + 4   # no update lost
+        assert len(w1["losses"]) == len(w2["losses"]) == 20
+        assert not c.alive()
+        with pytest.raises(WorkerLostError, match=r"rank\(s\) 3 of this cluster died earlier.*restart"):
+            c.run(rank_info)
+        c.restart()
+        assert [g[:2] for g in c.run(rank_info)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+        pids += c.pids()
+    finally:
+        c.stop()
+    assert gone(pids)
+
+
 def test_a_hung_engine_times_out_naming_its_rank():
     c = Cluster(n=2, timeout=3)
     pids = c.pids()

@@ -134,6 +134,8 @@ def test_server_state_dict_round_trip():
     (dict(straggler_rank=0), 5, r"straggler_rank=0 is not a worker rank \(workers: \[1, 2, 3, 4\]\)"),
     (dict(straggler_rank=1, straggler_delay=2.0, worker_timeout=1.0), 5, r"straggler_delay=2.0 >= worker_timeout"),
     (dict(fail_rank=1, fail_after_steps=10, steps=10), 5, r"fail_after_steps=10"),
+    (dict(fail_rank=1, fail_how="crash"), 5, r"fail_how='crash' is not one of"),
+    (dict(colocated=True, fail_rank=1, fail_how="exit"), 4, r"fail_how='exit' with colocated=True"),
     (dict(lr=0, momentum=1.0, shard_by="rows"), 5, r"lr=0.*momentum=1.0.*shard_by='rows'"),   # all listed
 ])
 def test_bad_configs_are_named(kwargs, world_size, message):

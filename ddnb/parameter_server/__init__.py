@@ -65,7 +65,9 @@ class PSConfig:
     colocated       every rank a worker and the server of one shard (bsp only)
     straggler_rank, straggler_delay   that worker sleeps straggler_delay s every step
     worker_timeout  s of silence after which a worker is lost (also bounds each co-located wait)
-    fail_rank, fail_after_steps   that worker goes silent after that many steps (a simulated death)
+    fail_rank, fail_after_steps   that worker fails after that many steps, as `fail_how` says:
+    fail_how        "silent" (it stops talking: a hung machine) or "exit" (its process dies for
+                    real, mid-step, after pulling: run it with `cluster.run_surviving`)
     checkpoint_to, restore_from   path prefix: servers save their state at the end / start from it
     """
     servers: int | None = None
@@ -83,6 +85,7 @@ class PSConfig:
     worker_timeout: float = 10.0
     fail_rank: int | None = None
     fail_after_steps: int = 0
+    fail_how: str = "silent"
     checkpoint_to: str | None = None
     restore_from: str | None = None
 
@@ -138,6 +141,11 @@ class PSConfig:
         elif isinstance(self.worker_timeout, (int, float)) and self.straggler_delay >= self.worker_timeout:
             bad.append(f"straggler_delay={self.straggler_delay} >= worker_timeout={self.worker_timeout}: the "
                        f"straggler would be declared lost; make worker_timeout larger")
+        if self.fail_how not in ("silent", "exit"):
+            bad.append(f"fail_how={self.fail_how!r} is not one of ('silent', 'exit')")
+        elif self.fail_how == "exit" and self.colocated:
+            bad.append("fail_how='exit' with colocated=True: a co-located rank is also a server; its death "
+                       "takes its shard with it, so nothing can go on")
         if not is_int(self.fail_after_steps) or not (0 <= self.fail_after_steps < max(self.steps, 1)):
             bad.append(f"fail_after_steps={self.fail_after_steps!r}: need 0 <= fail_after_steps < steps={self.steps}")
         if bad:
@@ -215,7 +223,7 @@ def train(config: PSConfig, model_fn, dataset, loss_fn=None, tracer=None) -> dic
         delay = config.straggler_delay if config.straggler_rank == rank else 0.0
         stats = work(model, dataset, loss_fn, list(range(k)), [(s.start, s.stop) for s in shards],
                      rank - k, len(workers), config.steps, config.batch_size, config.seed, group, tracer, t0,
-                     delay=delay, silent_after=silent)
+                     delay=delay, silent_after=silent, die=config.fail_how == "exit")
     if config.checkpoint_to and stats.get("state") is not None:
         torch.save(stats["state"], checkpoint_file(config.checkpoint_to, stats["shard"], k))
     stats.update(rank=rank, wall_time=time.time() - t0, config=asdict(config))

@@ -16,6 +16,7 @@ rank. Taught in `notebooks/04_parameter_server.ipynb`.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -63,20 +64,24 @@ def pull(flat: torch.Tensor, servers, bounds, group, tracer=None, clock: int = 0
 
 def work(model, dataset, loss_fn, servers, bounds, worker: int, num_workers: int, steps: int,
          batch_size: int, seed: int, group, tracer: Tracer | None = None, t0: float | None = None,
-         delay: float = 0.0, silent_after: int | None = None) -> dict:
+         delay: float = 0.0, silent_after: int | None = None, die: bool = False) -> dict:
     """Run `steps` pull-compute-push steps against `servers` (ranks of `group`) holding
     element ranges `bounds` [(start, stop)] of the flat parameter vector. `delay` s of
     sleep per step make a straggler; `silent_after` steps the worker goes silent (stops
-    without "done", as if it died). Returns its stats (see `train`)."""
+    without "done", as if it died), or, with `die`, its process exits there for real, in the
+middle of the step, after pulling (`os._exit`: no clean-up, no goodbye, like a crash or
+an OOM kill). Returns its stats (see `train`)."""
     tr, t0 = get_tracer(tracer), t0 or time.time()
     flat = flat_params(model)                                    # (S,) pulled parameters
     stats = {"role": "worker", "worker": worker, "clocks": [], "versions": [], "losses": [], "times": [],
              "pushes": 0, "silent": False}
     for step in range(steps):
-        if silent_after is not None and step == silent_after:
+        if silent_after is not None and step == silent_after and not die:
             stats["silent"] = True
             return stats
         heads = pull(flat, servers, bounds, group, tracer, clock=step)
+        if die and silent_after == step:
+            os._exit(1)
         clock = heads[0]["clock"]
         load_flat(model, flat)
         x, y = worker_batch(dataset, worker, num_workers, batch_size, clock, seed)   # (B, ...), (B,)
