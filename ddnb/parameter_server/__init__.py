@@ -53,6 +53,9 @@ __all__ = ["MODES", "PSConfig", "ParameterServerError", "Server", "Shard", "asse
            "worker_batch"]
 
 
+FAIL_HOWS = ("silent", "exit")   # PSConfig.fail_how: the worker stops talking, or its process dies
+
+
 @dataclass(frozen=True)
 class PSConfig:
     """One parameter-server run. `validate(world_size)` checks it before anything is sent.
@@ -141,8 +144,8 @@ class PSConfig:
         elif isinstance(self.worker_timeout, (int, float)) and self.straggler_delay >= self.worker_timeout:
             bad.append(f"straggler_delay={self.straggler_delay} >= worker_timeout={self.worker_timeout}: the "
                        f"straggler would be declared lost; make worker_timeout larger")
-        if self.fail_how not in ("silent", "exit"):
-            bad.append(f"fail_how={self.fail_how!r} is not one of ('silent', 'exit')")
+        if self.fail_how not in FAIL_HOWS:
+            bad.append(f"fail_how={self.fail_how!r} is not one of {FAIL_HOWS}")
         elif self.fail_how == "exit" and self.colocated:
             bad.append("fail_how='exit' with colocated=True: a co-located rank is also a server; its death "
                        "takes its shard with it, so nothing can go on")

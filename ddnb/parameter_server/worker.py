@@ -68,19 +68,20 @@ def work(model, dataset, loss_fn, servers, bounds, worker: int, num_workers: int
     """Run `steps` pull-compute-push steps against `servers` (ranks of `group`) holding
     element ranges `bounds` [(start, stop)] of the flat parameter vector. `delay` s of
     sleep per step make a straggler; `silent_after` steps the worker goes silent (stops
-    without "done", as if it died), or, with `die`, its process exits there for real, in the
-middle of the step, after pulling (`os._exit`: no clean-up, no goodbye, like a crash or
-an OOM kill). Returns its stats (see `train`)."""
+    without "done", as if it died), or, with `die`, its process exits there for real, in
+    the middle of the step, after pulling (`os._exit`: no clean-up, no goodbye, like a
+    crash or an OOM kill). Returns its stats (see `train`)."""
     tr, t0 = get_tracer(tracer), t0 or time.time()
     flat = flat_params(model)                                    # (S,) pulled parameters
     stats = {"role": "worker", "worker": worker, "clocks": [], "versions": [], "losses": [], "times": [],
              "pushes": 0, "silent": False}
     for step in range(steps):
-        if silent_after is not None and step == silent_after and not die:
+        fails = silent_after is not None and step == silent_after
+        if fails and not die:
             stats["silent"] = True
             return stats
         heads = pull(flat, servers, bounds, group, tracer, clock=step)
-        if die and silent_after == step:
+        if fails:
             os._exit(1)
         clock = heads[0]["clock"]
         load_flat(model, flat)
