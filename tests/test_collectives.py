@@ -86,21 +86,39 @@ def sweep(cases):
 
 
 def sweep_cases(n):
+    """The full cross: every algorithm x dtype x op x size 0, 1, N-1, N+1 and large
+    (100_003 elements, not divisible by any N of 2-6), with 2-D and 0-dim tensors for a
+    few (dtype, op) pairs, many pipeline segments per ring chunk, and one 4 MB tensor per
+    algorithm."""
     cases = []
     for algo in ALLREDUCES:
         for dtype in DTYPES:
             for op in OPS:
                 if op == "avg" and not dtype.is_floating_point:
-                    continue
-                cases.append((algo, dtype, op, (n + 1,), {}))
-        for shape in [(0,), (1,), (max(n - 1, 1),), (10_007,), (3, 5), ()]:
+                    continue   # torch refuses it too
+                for numel in sorted({0, 1, max(n - 1, 1), n + 1, 100_003}):
+                    cases.append((algo, dtype, op, (numel,), {}))
+        for shape in [(3, 5), ()]:
             for dtype, op in [(torch.float32, "sum"), (torch.int64, "max"), (torch.bfloat16, "avg")]:
                 cases.append((algo, dtype, op, shape, {}))
+        cases.append((algo, torch.float32, "sum", ((1 << 20) + 5,), {}))   # 4 MiB + 20 B
     for dtype in [torch.float16, torch.int64, torch.float64]:   # many pipeline segments per chunk
         for shape, segment_bytes in [((n + 1,), 8), ((200 * n + 3,), 24), ((1000 * n + 3,), 1000)]:
             cases.append(("ring", dtype, "sum", shape, {"segment_bytes": segment_bytes}))
     cases.append(("ring", torch.float32, "product", (4096 * n,), {"segment_bytes": 1000}))
     return cases
+
+
+def test_sweep_is_the_full_cross():
+    """Guard the grid itself: dropping a dtype, op, size or algorithm fails here."""
+    for n in (1, 4, 6):
+        cases = sweep_cases(n)
+        seen = {(a, d, o, s) for a, d, o, s, _ in cases}
+        for algo in ALLREDUCES:
+            for dtype in DTYPES:
+                for op in OPS:
+                    for numel in (0, 1, max(n - 1, 1), n + 1, 100_003):
+                        assert (algo, dtype, op, (numel,)) in seen or (op == "avg" and not dtype.is_floating_point)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
