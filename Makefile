@@ -12,7 +12,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root (containers, CI machines) unless told
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks notebooks clean help
+.PHONY: setup lab test test-unit test-notebooks test-gpu notebooks clean help
 
 help:
 	@echo "make lab    set up $(VENV) (torch $(TORCH), Horovod), then open JupyterLab on notebooks/"
@@ -34,8 +34,16 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-test-notebooks: setup
+test-# on a machine with CUDA: the tests marked gpu (skipped everywhere else)
+test-gpu: setup
+	PY=$(PY) bash scripts/gpu_check.sh $(PYTEST_ARGS)
+
+notebooks: setup
 	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+
+# on a machine with CUDA: the tests marked gpu (skipped everywhere else)
+test-gpu: setup
+	PY=$(PY) bash scripts/gpu_check.sh $(PYTEST_ARGS)
 
 notebooks: setup
 	$(PY) scripts/run_notebooks.py notebooks/*.ipynb

@@ -37,7 +37,7 @@ from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeou
 ERROR_GRACE_SECONDS = 2.0
 
 
-def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env):
+def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, backend="gloo"):
     """The loop of one rank: receive a pickled (fn, args, kwargs), run it, send the result."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
@@ -48,8 +48,10 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env):
 
     torch.set_num_threads(threads)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if torch.cuda.is_available():   # one GPU per rank where there are enough (nccl needs it)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     if hvd_env is not None:
         from ddnb.worker_env import init_horovod
@@ -97,12 +99,34 @@ def _main_not_reimported():
         main.__spec__ = saved_spec
 
 
-class World:
-    """N live processes in one gloo process group (and optionally Horovod)."""
+BACKENDS = ("gloo", "nccl")
 
-    def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int = 1):
+
+def check_backend(backend: str, n: int) -> None:
+    """Refuse, before any process starts, a backend this machine cannot give n ranks:
+    nccl needs one CUDA device per rank (two ranks on one GPU fail in ncclCommInitRank)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < n:
+            raise ValueError(f"backend='nccl' needs one CUDA device per rank: {n} ranks, {gpus} device(s) here; "
+                             f"use backend='gloo' (CUDA tensors travel through the host) or fewer ranks")
+
+
+class World:
+    """N live processes in one process group (gloo by default; nccl with one GPU per
+    rank), and optionally Horovod. Where CUDA is available rank r uses device
+    r % device_count, so CUDA tensors work with either backend."""
+
+    def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int = 1,
+                 backend: str = "gloo"):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"World needs an integer n >= 1, got {n!r}")
+        check_backend(backend, n)
+        self.backend = backend
         self.n, self.timeout, self.horovod = n, timeout, horovod
         self.broken = False
         self._dir = tempfile.mkdtemp(prefix="ddnb-world-")
@@ -119,7 +143,7 @@ class World:
             for rank in range(n):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
-                                args=(rank, n, self._dir, child, threads, timeout, envs[rank]))
+                                args=(rank, n, self._dir, child, threads, timeout, envs[rank], backend))
                 p.start()
                 child.close()
                 self._conns.append(parent)

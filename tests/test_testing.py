@@ -83,6 +83,23 @@ def test_bad_world_size(bad):
         World(bad)
 
 
+def test_backend_is_checked_before_any_process_starts():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=r"backend must be one of \('gloo', 'nccl'\), got 'mpi'"):
+        World(2, backend="mpi")
+    with pytest.raises(ValueError, match=rf"nccl' needs one CUDA device per rank: {gpus + 1} ranks, {gpus} device"):
+        World(gpus + 1, backend="nccl")
+
+
+def backend_and_device():
+    return dist.get_backend(), torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def test_gloo_is_the_default_backend(world):
+    assert world(2).run(backend_and_device) == [("gloo", None if not torch.cuda.is_available() else r % torch.cuda.device_count())
+                                                for r in range(2)]
+
+
 @requires_horovod
 def test_horovod_world_agrees_with_torch(world):
     def both():

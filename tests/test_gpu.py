@@ -1,0 +1,111 @@
+"""The core paths on CUDA (marker `gpu`), skipped on a machine without a GPU:
+
+- every from-scratch all-reduce on CUDA tensors, against torch.distributed on the same
+  inputs: over gloo (one GPU is enough: the messages travel through the host), and over
+  nccl with one GPU per rank where there are at least two;
+- data parallelism on CUDA (ddnb's naive and bucketed wrappers, torch DDP) reaching the
+  same parameters as one process on the CPU;
+- the timing helper on an nccl world (it synchronizes the device).
+
+`scripts/gpu_check.sh` runs them (and prints what the machine has) in a few minutes.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddnb.collectives import ALLREDUCES, OPS
+from ddnb.testing import World
+from test_collectives import TORCH_OP, compare, error_bound, make_input
+from test_data_parallel import LR, MOMENTUM, global_batches, make_model, reference_params, shard
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device (none here)")]
+needs_two = pytest.mark.skipif(GPUS < 2, reason=f"nccl needs one GPU per rank: {GPUS} here, 2 needed")
+
+
+def cuda_sweep():
+    """On every rank: each algorithm x dtype x op x size on a CUDA tensor, compared with
+    dist.all_reduce (on the CPU under gloo, on the GPU under nccl). Returns mismatches."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    nccl, bad, seed = dist.get_backend() == "nccl", [], 0
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
+        for op in OPS:
+            if op == "avg" and not dtype.is_floating_point:
+                continue
+            for numel in (0, 1, n + 1, 100_003):
+                seed += 1
+                inputs = [make_input(r, seed, (numel,), dtype, op) for r in range(n)]
+                ref = inputs[rank].clone().to(device if nccl else "cpu")
+                dist.all_reduce(ref, op=TORCH_OP[op])
+                ref = ref.cpu()
+                bound = error_bound(inputs, ref, op) if dtype.is_floating_point else None
+                for algo, fn in ALLREDUCES.items():
+                    x = inputs[rank].to(device, copy=True)
+                    out = fn(x, op=op)
+                    why = ("did not return its input" if out is not x else
+                           f"left {x.device}" if x.device != device else compare(x.cpu(), ref, bound))
+                    if why:
+                        bad.append(f"rank {rank} {dist.get_backend()} {algo} {dtype} {op} numel={numel}: {why}")
+    return bad
+
+
+def test_allreduces_on_cuda_tensors_over_gloo():
+    with World(2, timeout=120) as world:
+        bad = [b for r in world.run(cuda_sweep) for b in r]
+    assert not bad, f"{len(bad)} mismatches, first: " + "\n".join(bad[:10])
+
+
+@needs_two
+def test_allreduces_over_nccl_one_gpu_per_rank():
+    with World(min(GPUS, 4), timeout=120, backend="nccl") as world:
+        bad = [b for r in world.run(cuda_sweep) for b in r]
+    assert not bad, f"{len(bad)} mismatches, first: " + "\n".join(bad[:10])
+
+
+def train_on_cuda(strategy, allreduce):
+    """10 SGD steps on CUDA; returns max |param - the CPU single-process reference|."""
+    from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = make_model(seed=rank).to(device)
+    sync = lambda: None   # noqa: E731
+    if strategy == "naive":
+        model = NaiveDataParallel(model, allreduce=allreduce)
+        sync = model.sync_gradients
+    elif strategy == "bucketed":
+        model = BucketedDataParallel(model, bucket_mb=0.001, first_bucket_mb=None, allreduce=allreduce)
+    else:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for x, y in global_batches(n):
+        opt.zero_grad()
+        F.mse_loss(model(shard(x, rank).to(device)), shard(y, rank).to(device)).backward()
+        sync()
+        opt.step()
+    ref = reference_params(n)
+    return max((p.detach().cpu() - r).abs().max().item() for p, r in zip(model.parameters(), ref))
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=needs_two)])
+def test_data_parallel_on_cuda_matches_one_cpu_process(backend):
+    with World(2, timeout=120, backend=backend) as world:
+        for strategy, allreduce in [("naive", "ring"), ("naive", "torch"), ("bucketed", "ring"), ("ddp", None)]:
+            errors = world.run(train_on_cuda, strategy, allreduce)
+            assert max(errors) < 1e-4, (backend, strategy, allreduce, errors)
+
+
+def timed_nccl():
+    from ddnb.timing import time_collective
+
+    return time_collective(dist.all_reduce, 1 << 20, iters=5)
+
+
+@needs_two
+def test_time_collective_on_nccl():
+    with World(2, timeout=120, backend="nccl") as world:
+        times = world.run(timed_nccl)
+    assert len(set(times)) == 1 and 0 < times[0] < 1.0   # the slowest rank's time, on every rank
