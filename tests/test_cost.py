@@ -163,3 +163,20 @@ def test_sendrecv_every_rank_gets_the_slowest(world):
 
     got = world(3).run(sendrecv, [4, 65536], 3)
     assert all(g == got[0] for g in got) and len(got[0]) == 2 and all(t > 0 for t in got[0])
+
+
+
+
+def test_pair_exchange_same_answer_on_every_rank_and_bad_input(world):
+    from ddnb.cost import pair_exchange
+    from ddnb.errors import WorkerError
+
+    for n, active in [(2, None), (3, None), (4, 2), (4, 4)]:
+        got = world(n).run(pair_exchange, 4096, active, 20)
+        assert all(g == got[0] for g in got), (n, active, got)
+        seconds, cpu = got[0]
+        assert seconds > 0 and cpu > 0
+    with pytest.raises(WorkerError, match=r"active must be an integer in 2..3, got active=1"):
+        world(3).run(pair_exchange, 4096, 1)
+    with pytest.raises(WorkerError, match=r"pair_exchange needs a world of >= 2 ranks"):
+        world(1).run(pair_exchange, 4096)

@@ -8,6 +8,7 @@ Worlds: world(5) = 1 server + 4 workers (or 2 + 3), world(4) = 1 + 3 or 4 co-loc
 """
 import functools
 import math
+import re
 import threading
 import time
 from dataclasses import replace
@@ -16,12 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ddnb.cost import allreduce_bytes_per_rank
 from ddnb.data import digits
 from ddnb.errors import WorkerError
 from ddnb.models import accuracy, flat_params, mlp
 from ddnb.parameter_server import (PSConfig, Server, assemble, bound, bytes_per_step, checkpoint_file,
                                    final_params, may_proceed, partition, staleness_bound, traffic, train,
-                                   worker_batch)
+                                   train_allreduce, worker_batch)
 from ddnb.parameter_server.messages import HEADER_BYTES, PUSH, decode, header
 from ddnb.trace import take_events
 
@@ -270,6 +272,37 @@ def test_colocated_equals_centralized(world, splits):
         mine, others = 4 * shards[r].numel, sum(4 * s.numel for j, s in enumerate(shards) if j != r)
         assert t["sent"][r] == 20 * 3 * mine + 20 * others            # params to 3 ranks, gradient shards
         assert t["received"][r] == 20 * others + 20 * 3 * mine
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_allreduce_training_equals_bsp_with_less_traffic(world, splits, algorithm):
+    """The same workers, batches and SGD with an all-reduce instead of the server: the same
+    parameters, and each worker's link carries 2(N-1)/N·S per step (ring) where the server's
+    carried 2·N·S; the server rank sits idle and sends nothing."""
+    w = world(5)                                              # rank 0 idle, N = 4 workers
+    w.run(take_events)
+    res = w.run(train_allreduce, BSP, MODEL, splits[0], algorithm=algorithm)
+    events = [e for evs in w.run(take_events) for e in evs]
+    central = final_params(w.run(train, BSP, MODEL, splits[0]))
+    assert [r["role"] for r in res] == ["idle"] + ["allreduce"] * 4
+    for r in res[1:]:
+        assert max_diff(r["params"], central) < 1e-6 and len(r["losses"]) == 20
+    t, n, steps = traffic(events, 5), 4, 20
+    assert t["sent"][0] == t["received"][0] == 0
+    assert sum(t["received"][1:]) == sum(t["sent"][1:]) == steps * 2 * (n - 1) * S   # both: 2(N-1)·S in all
+    # per worker: the formula, up to the ring's uneven chunks (9610 elements = 2403 + 2403 + 2402 + 2402)
+    slack = 2 * (n - 1) * 4 if algorithm == "ring" else 0
+    for sent, b in zip(t["sent"][1:], allreduce_bytes_per_rank(algorithm, S, n)):
+        assert abs(sent - steps * b) <= steps * slack
+
+
+def test_allreduce_training_refuses_what_has_no_all_reduce(world, splits):
+    for config, message in [(replace(BSP, mode="asp"), "need mode='bsp' and colocated=False, got mode='asp'"),
+                            (replace(BSP, colocated=True), "colocated=True"),
+                            (BSP, "algorithm='butterfly' is not one of")]:
+        kwargs = {"algorithm": "butterfly"} if config is BSP else {}
+        with pytest.raises(WorkerError, match=re.escape(message)):
+            world(4).run(train_allreduce, config, MODEL, splits[0], **kwargs)
 
 
 def test_asp_loses_no_update(world, splits):

@@ -1,7 +1,8 @@
 """Cost models: what a distributed step should take, before it is measured.
 
 `alpha_beta`: the alpha-beta-gamma model of all-reduce (Thakur et al. 2005) and the
-measurements that give its parameters (ping-pong, sendrecv, a local add).
+measurements that give its parameters (ping-pong, sendrecv, a local add), and what it
+leaves out on shared cores (pair_exchange).
 `pipeline`: the bubble (p-1)/(m+p-1), step time and activation memory of pipeline
 schedules (Huang et al. 2019; Narayanan et al. 2021).
 `model_parallel`: bytes a naive layer split sends per step, and its per-rank idle time.
@@ -13,7 +14,7 @@ schedules (Huang et al. 2019; Narayanan et al. 2021).
 `published`: published models' sizes, tokens and compute, as their papers state them.
 """
 from ddnb.cost.alpha_beta import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta, measure_gamma,
-                                  pingpong, sendrecv)
+                                  pair_exchange, pingpong, sendrecv)
 from ddnb.cost.memory_model import dataset_bytes, max_params, token_bytes, training_memory
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
 from ddnb.cost.pipeline import (interleaved_bubble_fraction, model_parallel_idle_fraction, peak_microbatches_in_flight,
@@ -26,8 +27,8 @@ from ddnb.cost.zero import zero_memory, zero_memory_parts
 
 __all__ = [
     # alpha_beta
-    "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta", "measure_gamma", "pingpong",
-    "sendrecv",
+    "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta", "measure_gamma", "pair_exchange",
+    "pingpong", "sendrecv",
     # pipeline, model_parallel
     "interleaved_bubble_fraction", "model_parallel_idle_fraction", "peak_microbatches_in_flight",
     "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time",

@@ -253,3 +253,51 @@ def measure_gamma(nbytes: int = 16 << 20, iters: int = 10) -> float:
     for _ in range(iters):
         a.add_(b)
     return (time.perf_counter() - t0) / iters / (a.numel() * 4)
+
+
+def pair_exchange(size_bytes: int, active: int | None = None, iters: int = 100, warmup: int = 5,
+                  group=None) -> tuple[float, float]:
+    """(seconds per step, CPU seconds per step summed over all ranks) of a step in which
+    ranks 2k and 2k+1, among the first `active` ranks (default: all, an odd last rank
+    idles), swap a message of `size_bytes` (isend + irecv, as halving-doubling does).
+
+    What the alpha-beta model leaves out when several ranks share few cores: a message's
+    latency alpha is taken as a constant of the link, but each wait here costs thread
+    wake-ups (the caller's and gloo's I/O thread), so with more ranks exchanging at once
+    than there are cores the steps queue for the CPU and both numbers grow. Compare
+    active=2 with active=world_size. Call it on every rank; the same pair on every rank.
+    """
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    sizes, world_size, rank = _p2p_args("pair_exchange", [size_bytes], iters, warmup, group)
+    active = world_size if active is None else active
+    if not (isinstance(active, int) and 2 <= active <= world_size):
+        raise ValueError(f"active must be an integer in 2..{world_size}, got active={active!r}")
+    partner = rank ^ 1
+    busy = rank < active and partner < active
+    peer = partner if group is None or not busy else dist.get_global_rank(group, partner)
+    out, inc = torch.zeros(sizes[0] // 4), torch.zeros(sizes[0] // 4)  # (size/4,) float32 each
+
+    def step():
+        for work in (dist.isend(out, peer, group=group), dist.irecv(inc, peer, group=group)):
+            work.wait()
+
+    for _ in range(warmup if busy else 0):
+        step()
+    dist.barrier(group=group)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0, t0 = usage.ru_utime + usage.ru_stime, time.perf_counter()
+    for _ in range(iters if busy else 0):
+        step()
+    seconds = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu0
+    stats = torch.tensor([seconds / iters if busy else 0.0, cpu / iters], dtype=torch.float64)
+    times = stats[:1].clone()
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    cpus = stats[1:].clone()
+    dist.all_reduce(cpus, group=group)
+    return times.item(), cpus.item()

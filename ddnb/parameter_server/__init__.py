@@ -15,6 +15,7 @@ worker number rank - k of N = world_size - k reading shard rank - k of the data.
     server.py       Server (parameters, optimizer, version, clocks; checkpoints) and its loop
     worker.py       pull, compute, push
     sharded.py      partition over k servers; co-located servers; bytes per step
+    allreduce.py    the same BSP training with an all-reduce instead of a server (the bridge to 05)
 
 `train` returns on a server rank: {"role": "server", "rank", "shard", "bounds" (start, stop),
 "mode", "version", "start_version", "updates", "gradients" (pushes received), "dropped",
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 
 from ddnb.data import Dataset
 from ddnb.models import flat_params
+from ddnb.parameter_server.allreduce import train_allreduce
 from ddnb.parameter_server.consistency import MODES, bound, may_proceed, staleness_bound
 from ddnb.parameter_server.messages import ParameterServerError, traffic
 from ddnb.parameter_server.server import Server, serve
@@ -50,7 +52,7 @@ from ddnb.parameter_server.worker import work, worker_batch
 
 __all__ = ["MODES", "PSConfig", "ParameterServerError", "Server", "Shard", "assemble", "bound", "bytes_per_step",
            "checkpoint_file", "final_params", "may_proceed", "partition", "staleness_bound", "traffic", "train",
-           "worker_batch"]
+           "train_allreduce", "worker_batch"]
 
 
 FAIL_HOWS = ("silent", "exit")   # PSConfig.fail_how: the worker stops talking, or its process dies
