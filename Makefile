@@ -34,11 +34,7 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-test-# on a machine with CUDA: the tests marked gpu (skipped everywhere else)
-test-gpu: setup
-	PY=$(PY) bash scripts/gpu_check.sh $(PYTEST_ARGS)
-
-notebooks: setup
+test-notebooks: setup
 	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
 
 # on a machine with CUDA: the tests marked gpu (skipped everywhere else)

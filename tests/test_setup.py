@@ -45,3 +45,13 @@ def test_horovod_script_names_a_missing_cmake(tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "cmake is not installed" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("target", ["setup", "lab", "test", "test-unit", "test-notebooks", "test-gpu", "notebooks", "clean"])
+def test_every_make_target_parses(target):
+    """A broken Makefile fails CI before anything runs ('missing separator', exit 2): each
+    target the README names is read and planned (make -n runs nothing)."""
+    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr.lower(), out.stderr
