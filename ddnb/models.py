@@ -19,13 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def mlp(sizes=(64, 128, 10), seed: int = 0, activation=nn.ReLU) -> nn.Sequential:
-    """A multi-layer perceptron Linear(sizes[0], sizes[1]) -> activation -> ... ->
+def mlp(sizes=(64, 128, 10), seed: int = 0, activation=nn.ReLU, dropout: float = 0.0) -> nn.Sequential:
+    """A multi-layer perceptron Linear(sizes[0], sizes[1]) -> activation [-> Dropout] -> ... ->
     Linear(sizes[-2], sizes[-1]) (no activation after the last layer: it outputs logits),
-    initialized by PyTorch's defaults under `seed` without touching the global RNG."""
+    initialized by PyTorch's defaults under `seed` without touching the global RNG. With
+    dropout > 0 each hidden activation is followed by nn.Dropout(dropout), which draws from
+    the global RNG in training mode."""
     sizes = tuple(sizes)
     if len(sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in sizes):
         raise ValueError(f"sizes must be at least two positive integers (input, ..., output), got {sizes!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
     layers = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -33,6 +37,8 @@ def mlp(sizes=(64, 128, 10), seed: int = 0, activation=nn.ReLU) -> nn.Sequential
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(activation())
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
 
 

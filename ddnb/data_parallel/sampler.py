@@ -89,17 +89,44 @@ class ShardSampler(Sampler):
         self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
+        self.start = 0      # items of this epoch's shard already used: where a resumed run goes on
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch's permutation (seed + epoch); call it on every rank."""
-        self.epoch = epoch
+        """Choose the epoch's permutation (seed + epoch); call it on every rank. A new epoch
+        starts at its first item; the current one (after `load_state_dict`) keeps its place."""
+        if epoch != self.epoch:
+            self.epoch, self.start = epoch, 0
 
     def indices(self) -> list[int]:
+        """This rank's whole shard of the current epoch (from its first item)."""
         return shard_indices(self.num_items, self.num_replicas, self.rank, self.epoch, self.seed,
                              self.shuffle, self.drop_last)
 
     def __iter__(self):
-        return iter(self.indices())
+        return iter(self.indices()[self.start:])
+
+    def state_dict(self) -> dict:
+        """The position (epoch, start) and what fixes the shards, for a checkpoint. The
+        training loop advances `start` by the items it has used."""
+        return {"epoch": self.epoch, "start": self.start, "seed": self.seed, "num_items": self.num_items,
+                "num_replicas": self.num_replicas, "rank": self.rank, "shuffle": self.shuffle,
+                "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from a saved position; refused when the saved shards are not this sampler's."""
+        mine = self.state_dict()
+        wrong = [f"{k}: saved {state.get(k)!r}, here {mine[k]!r}" for k in mine
+                 if k not in ("epoch", "start") and state.get(k) != mine[k]]
+        if wrong:
+            raise ValueError("ShardSampler.load_state_dict: the saved position belongs to other shards (" +
+                             "; ".join(wrong) + ")")
+        epoch, start = state["epoch"], state["start"]
+        for name, v in (("epoch", epoch), ("start", start)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"ShardSampler.load_state_dict: {name} must be an integer >= 0, got {v!r}")
+        if start > len(self):
+            raise ValueError(f"ShardSampler.load_state_dict: start={start} is past the shard's {len(self)} items")
+        self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
         return shard_size(self.num_items, self.num_replicas, self.drop_last)

@@ -15,20 +15,29 @@ Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`
 """
 from __future__ import annotations
 
+import shutil
 import time
 
 STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
 
 
-def check_args(strategy: str, steps: int, per_rank: int, lr: float, hidden: int = 128, layers: int = 1) -> None:
+def check_args(strategy: str, steps: int, per_rank: int, lr: float, hidden: int = 128, layers: int = 1,
+               dropout: float = 0.0, checkpoint_dir=None, checkpoint_every=None, keep: int = 2) -> None:
     """Bad arguments fail here, on every rank alike, before any collective."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES}")
-    for name, v in (("steps", steps), ("per_rank", per_rank), ("hidden", hidden), ("layers", layers)):
+    for name, v in (("steps", steps), ("per_rank", per_rank), ("hidden", hidden), ("layers", layers), ("keep", keep)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1 (steps), got {checkpoint_every!r}")
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs checkpoint_dir: a folder every rank can read and write")
 
 
 def _rank_and_size(strategy: str) -> tuple[int, int]:
@@ -60,15 +69,41 @@ def _mean_over_ranks(strategy: str, values):
     return (t / dist.get_world_size()).tolist()
 
 
+def _barrier(strategy: str) -> None:
+    import torch
+
+    if strategy == "horovod":
+        import horovod.torch as hvd
+
+        hvd.allreduce(torch.zeros(1), name="ddnb.checkpoint.barrier")
+    else:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr: float = 0.05,
                  momentum: float = 0.9, hidden: int = 128, layers: int = 1, seed: int = 0, allreduce: str = "torch",
-                 bucket_mb: float = 0.01, tracer=None, **optimizer_kwargs) -> dict:
+                 bucket_mb: float = 0.01, tracer=None, dropout: float = 0.0, checkpoint_dir=None,
+                 checkpoint_every: int | None = None, resume: bool = True, keep: int = 2, callback=None,
+                 **optimizer_kwargs) -> dict:
     """Train on every rank; returns {"params": flat parameters (this rank's replica),
     "losses": the mean over ranks of each step's loss, "accuracy": test accuracy,
-    "step_time": median seconds a step, "time": seconds of all steps, "rank", "world_size"}.
+    "step_time": median seconds a step, "time": seconds of all steps, "rank", "world_size",
+    "resumed_from": the checkpoint's step or None, "checkpoint": the last one written or None}.
     The MLP has `layers` hidden layers of `hidden` units (more layers: more, smaller
-    gradient tensors to all-reduce).
+    gradient tensors to all-reduce), and nn.Dropout(dropout) after each when dropout > 0
+    (each rank draws its own masks from its generator, seeded by `seed` and the rank).
+
+    Checkpoints (`checkpoint.py`): with `checkpoint_dir`, the run goes on from the newest
+    complete checkpoint there (model, optimizer, step, each rank's sampler position and
+    random generators, the losses so far), unless resume=False, which starts over and
+    removes the folder's old checkpoints; every `checkpoint_every` steps it writes one
+    (keeping the newest `keep`). A run killed half-way and called again with the same
+    arguments ends with the same parameters and losses as one that was never stopped.
+    `callback(step, loss)` runs on every rank after each step (step: the steps done).
     `optimizer_kwargs` go to hvd.DistributedOptimizer (strategy "horovod")."""
+    import math
     import statistics
 
     import torch
@@ -76,12 +111,27 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
 
     from ddnb.data import digits
     from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel, ShardSampler, replicate
+    from ddnb.data_parallel import checkpoint as ckpt
     from ddnb.models import accuracy, flat_params, mlp
 
-    check_args(strategy, steps, per_rank, lr, hidden, layers)
+    check_args(strategy, steps, per_rank, lr, hidden, layers, dropout, checkpoint_dir, checkpoint_every, keep)
     rank, n = _rank_and_size(strategy)
+    settings = {"strategy": strategy, "per_rank": per_rank, "lr": lr, "momentum": momentum, "hidden": hidden,
+                "layers": layers, "seed": seed, "dropout": dropout}
+    shared = own = None
+    if checkpoint_dir is not None:
+        found = ckpt.latest_checkpoint(checkpoint_dir)
+        if resume and found is not None:
+            shared, own = ckpt.load_checkpoint(found, rank, n, settings)    # refused alike on every rank
+            if shared["step"] > steps:
+                raise ValueError(f"the checkpoint {found} is at step {shared['step']}, past steps={steps}")
+        elif rank == 0:                                                 # starting over: no stale step-S later
+            for _, old in ckpt.checkpoints(checkpoint_dir):
+                shutil.rmtree(old, ignore_errors=True)
     train_set, test_set = digits(seed=0)
-    model = mlp((64,) + (hidden,) * layers + (10,), seed=rank)   # each rank its own start: replication needed
+    model = mlp((64,) + (hidden,) * layers + (10,), seed=rank, dropout=dropout)   # each rank its own start
+    if shared is not None:
+        model.load_state_dict(shared["model"])
     sync = None
     if strategy == "horovod":
         from ddnb.data_parallel import horovod_optimizer
@@ -103,14 +153,23 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
         opt = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=momentum)
     sampler = ShardSampler(train_set, num_replicas=n, rank=rank, seed=seed)
     per_epoch = len(sampler) // per_rank
-    losses, times, idx = [], [], None
+    step, losses, saved = 0, [], None
+    if shared is not None:
+        opt.load_state_dict(shared["optimizer"])
+        sampler.load_state_dict(own["sampler"])
+        step, losses = shared["step"], list(own["losses"])
+        ckpt.set_rng_state(own["rng"])                       # last: nothing above may draw from it
+    else:
+        ckpt.seed_rngs(seed * 65536 + rank)
+    resumed_from = step if shared is not None else None
+    model.train()
+    times, idx = [], sampler.indices()
     loop_start = time.perf_counter()
-    for t in range(steps):
-        epoch, i = divmod(t, per_epoch)
-        if i == 0:
-            sampler.set_epoch(epoch)
+    while step < steps:
+        if sampler.start + per_rank > per_epoch * per_rank:  # the epoch's last full batch is used
+            sampler.set_epoch(sampler.epoch + 1)
             idx = sampler.indices()
-        b = idx[i * per_rank:(i + 1) * per_rank]
+        b = idx[sampler.start:sampler.start + per_rank]
         start = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(wrapped(train_set.x[b]), train_set.y[b])
@@ -120,12 +179,24 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
+        sampler.start += per_rank
+        step += 1
+        if checkpoint_every is not None and step % checkpoint_every == 0:
+            saved = ckpt.save_checkpoint(
+                checkpoint_dir, step, rank=rank, barrier=lambda: _barrier(strategy), keep=keep,
+                shared={"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "world_size": n,
+                        "settings": settings},
+                own={"sampler": sampler.state_dict(), "rng": ckpt.rng_state(), "losses": list(losses)})
+        if callback is not None:
+            callback(step, losses[-1])
     loop_time = time.perf_counter() - loop_start
     if hasattr(wrapped, "remove_hooks"):
         wrapped.remove_hooks()
+    model.eval()
     return {"params": flat_params(model), "losses": _mean_over_ranks(strategy, losses),
-            "accuracy": accuracy(model, test_set), "step_time": statistics.median(times), "time": loop_time,
-            "rank": rank, "world_size": n}
+            "accuracy": accuracy(model, test_set), "step_time": statistics.median(times) if times else math.nan,
+            "time": loop_time, "rank": rank, "world_size": n, "resumed_from": resumed_from,
+            "checkpoint": None if saved is None else str(saved)}
 
 
 def reference_digits(workers: int, steps: int = 10, per_rank: int = 32, lr: float = 0.05,
