@@ -3,7 +3,9 @@
 #   1. create the virtual environment $VENV (default .venv) if it is missing;
 #   2. install torch==$TORCH (a CPU build on this machine), then ddnb with its notebook,
 #      test and Horovod dependencies;
-#   3. build Horovod with PyTorch and Gloo (scripts/install_horovod.sh).
+#   3. build Horovod with PyTorch and Gloo (scripts/install_horovod.sh);
+#   4. install Debian's chromium for tests/test_browser.py where it can (root, apt-get);
+#      without it that test is skipped, and the set-up goes on.
 # Idempotent: a stamp in the venv records what was installed (the torch version and a
 # hash of pyproject.toml and these scripts); when it matches, nothing is installed again.
 set -euo pipefail
@@ -35,5 +37,15 @@ pip_install "torch==$TORCH"
 echo "setup: installing ddnb and its dependencies"
 pip_install -e ".[dev,horovod]"
 bash scripts/install_horovod.sh "$PY"
+if [ ! -x /usr/bin/chromium ]; then   # Playwright drives this one; it never downloads a browser
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log="${DDNB_CACHE:-$HOME/.cache/ddnb}/chromium-install.log"
+        mkdir -p "$(dirname "$log")"
+        echo "setup: installing chromium with apt-get (for the browser test); log: $log"
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; } \
+            >"$log" 2>&1 || true
+    fi
+    [ -x /usr/bin/chromium ] || echo "setup: no /usr/bin/chromium here; the browser test (tests/test_browser.py) will be skipped"
+fi
 echo "$want" >"$stamp"
 echo "setup: done. torch $("$PY" -c 'import torch; print(torch.__version__)'), horovod $("$PY" -c 'import horovod; print(horovod.__version__)')"
