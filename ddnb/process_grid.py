@@ -40,6 +40,15 @@ AXES = ("dp", "pp", "tp")
 ORDER = ("pp", "dp", "tp")   # slowest to fastest
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_rank(rank, world_size: int) -> None:
+    if not (_is_int(rank) and 0 <= rank < world_size):
+        raise ValueError(f"rank({rank!r}) is not in [0, world_size({world_size})): a rank is an int")
+
+
 class Coords(NamedTuple):
     dp: int
     pp: int
@@ -56,9 +65,10 @@ class ProcessGrid:
     def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, world_size: int | None = None,
                  rank: int | None = None, build_groups: bool = True):
         sizes = {"dp": dp, "pp": pp, "tp": tp}
-        bad = [f"{a}={v!r}" for a, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        bad = [a for a, v in sizes.items() if not (_is_int(v) and v >= 1)]
         if bad:
-            raise ValueError(f"dp, pp and tp must be integers >= 1, got {', '.join(bad)}")
+            raise ValueError(f"dp, pp and tp must be integers >= 1, got dp={dp!r}, pp={pp!r}, tp={tp!r} "
+                             f"({' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not)")
         initialized = dist.is_available() and dist.is_initialized()
         if world_size is None:
             if not initialized:
@@ -66,11 +76,12 @@ class ProcessGrid:
             world_size = dist.get_world_size()
         if rank is None:
             rank = dist.get_rank() if initialized else 0
+        if not (_is_int(world_size) and world_size >= 1):
+            raise ValueError(f"world_size must be an integer >= 1, got world_size={world_size!r}")
         if dp * pp * tp != world_size:
             raise ValueError(f"dp({dp}) * pp({pp}) * tp({tp}) != world_size({world_size}): "
                              f"the grid has {dp * pp * tp} positions for {world_size} ranks")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank({rank}) is not in [0, world_size({world_size}))")
+        _check_rank(rank, world_size)
         self.sizes, self.world_size, self.rank = sizes, world_size, rank
         self._groups: dict = {}
         if build_groups and initialized:
@@ -98,8 +109,7 @@ class ProcessGrid:
     def coords(self, rank: int | None = None) -> Coords:
         """(dp, pp, tp) coordinates of `rank` (default: this rank)."""
         rank = self.rank if rank is None else rank
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank({rank}) is not in [0, world_size({self.world_size}))")
+        _check_rank(rank, self.world_size)
         tp_rank = rank % self.tp
         dp_rank = rank // self.tp % self.dp
         pp_rank = rank // (self.tp * self.dp)
@@ -108,8 +118,8 @@ class ProcessGrid:
     def rank_of(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
         """The global rank at coordinates (dp, pp, tp): the inverse of coords."""
         for axis, v in (("dp", dp), ("pp", pp), ("tp", tp)):
-            if not 0 <= v < self.sizes[axis]:
-                raise ValueError(f"{axis}={v} is not in [0, {axis}({self.sizes[axis]}))")
+            if not (_is_int(v) and 0 <= v < self.sizes[axis]):
+                raise ValueError(f"{axis}={v!r} is not in [0, {axis}({self.sizes[axis]})): a coordinate is an int")
         return pp * self.dp * self.tp + dp * self.tp + tp
 
     def ranks(self, axis: str, rank: int | None = None) -> list[int]:

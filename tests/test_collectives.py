@@ -238,11 +238,12 @@ def bad_local_input():
     calls = []
     for algo, fn in ALLREDUCES.items():
         calls += [(f"{algo} op=mean unchecked", lambda fn=fn: fn(torch.ones(3), op="mean", tracer=tracer, check=False)),
-                  (f"{algo} not a tensor", lambda fn=fn: fn([1.0, 2.0], tracer=tracer))]
-    calls += [("ring segment_bytes=0", lambda: ALLREDUCES["ring"](torch.ones(3), segment_bytes=0, tracer=tracer)),
-              ("ring depth=0", lambda: ALLREDUCES["ring"](torch.ones(3), depth=0, tracer=tracer)),
-              ("reduce dst", lambda: reduce(torch.ones(3), dst=dist.get_world_size(), tracer=tracer)),
-              ("broadcast src", lambda: broadcast(torch.ones(3), src=-1, tracer=tracer))]
+                  (f"{algo} not a tensor", lambda fn=fn: fn([1.0, 2.0], tracer=tracer, check=False))]
+    calls += [("ring segment_bytes=0", lambda: ALLREDUCES["ring"](torch.ones(3), segment_bytes=0, tracer=tracer,
+                                                                   check=False)),
+              ("ring depth=0", lambda: ALLREDUCES["ring"](torch.ones(3), depth=0, tracer=tracer, check=False)),
+              ("reduce dst", lambda: reduce(torch.ones(3), dst=dist.get_world_size(), tracer=tracer, check=False)),
+              ("broadcast src", lambda: broadcast(torch.ones(3), src=-1, tracer=tracer, check=False))]
     errors = expect_errors(calls)
     messages = len(tracer.take())        # none of these may send anything
     for algo, fn in ALLREDUCES.items():  # consistent on all ranks: caught after the check

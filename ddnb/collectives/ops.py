@@ -14,18 +14,22 @@ which messages carry the partial results; each one calls, in order,
         ... messages, and combine(acc, incoming, op) on what arrives ...
         finish(x, op, world_size)          # "avg": divide the sum by N
 
-`prepare` rejects a bad op before any message is sent when `check=False`; with
-`check=True` the rank first takes part in the check (its header says "unsupported op"),
-so that every rank raises, not only this one. With `check=True` it then swaps a
-small header (numel, dtype, shape, op, algorithm, root, segment size) among the ranks
-(gather at rank 0, table sent back: 2 rounds of HEADER_LEN int64s), so a rank whose
-tensor differs from the others' makes *every* rank raise a ValueError naming the ranks
-and their shapes, where a bare message exchange would block or silently mix up data.
+`prepare` rejects a bad group at once (the check runs on the group, so there is nothing
+to check with). Any other bad value (not a tensor, a sparse, meta or self-overlapping
+tensor, an unknown op, a root that is not a rank of the group, an unsupported dtype)
+raises before any message when `check=False`; with `check=True` the rank first takes
+part in the check, its header marking what is wrong, so that every rank raises, not
+only this one. The check swaps a small header (numel, dtype, shape, op, algorithm,
+root, segment size, kind of input) among the ranks (gather at rank 0, table sent back:
+2 rounds of HEADER_LEN int64s), so a rank whose tensor differs from the others' makes
+*every* rank raise a ValueError naming the ranks and their shapes, where a bare message
+exchange would block or silently mix up data.
 Taught in `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
 
 import contextlib
+import numbers
 import zlib
 
 import torch
@@ -47,10 +51,19 @@ _CODED_DTYPES = DTYPES + (torch.bool, torch.complex64, torch.complex128)
 CALLS = ("naive_allreduce", "tree_allreduce", "reduce", "broadcast", "ring_allreduce",
          "ring_reduce_scatter", "ring_allgather", "halving_doubling_allreduce")
 
+OPLESS_CALLS = ("broadcast", "ring_allgather")   # the calls without an op (prepare gets op=None)
+ROOT_CALLS = ("reduce", "broadcast")             # the calls with a root rank (dst / src)
+
 UNSUPPORTED = "<unsupported>"  # the op of a rank that passed one we cannot resolve
+NO_ROOT, BAD_ROOT = -1, -2     # header codes: a call without a root; a root that is not a rank
+NO_SEGMENT, BAD_PIPELINE = -1, -2  # header codes: a call without segments; a bad segment_bytes or depth
+# what a rank passed as its tensor: only the first kind can be sent (header code: the index)
+INPUTS = ("tensor", "<not a tensor>", "<not a strided tensor>", "<meta tensor, no data>",
+          "<tensor whose elements overlap in memory>")
 MAX_DIMS = 8  # dims sent in the header; a longer shape is compared through its hash
-# header: numel, dtype, ndim, op, algorithm, root, segment_bytes, shape hash, dims[MAX_DIMS] (-1 padded)
-HEADER_LEN = 8 + MAX_DIMS
+MAX_SEGMENT = 1 << 62  # larger segment sizes all mean "a whole chunk per message": sent as this
+# header: numel, dtype, ndim, op, algorithm, root, segment_bytes, shape hash, input, dims[MAX_DIMS] (-1 padded)
+HEADER_LEN = 9 + MAX_DIMS
 
 
 def resolve_op(op) -> str:
@@ -113,77 +126,153 @@ def flat_view(tensor: torch.Tensor, group=None):
             tensor.copy_(flat.view(tensor.shape))
 
 
-def prepare(tensor, op, group=None, tracer: Tracer | None = None, check: bool = True,
-            what: str = "allreduce", root: int | None = None, segment_bytes: int | None = None) -> str | None:
-    """Validate one rank's call (raise before any message), check with the other ranks
-    that they made the same call on the same kind of tensor (if `check`), and return
-    the op's name (None when op is None, as for broadcast). `root` and `segment_bytes`
-    are the call's other arguments that every rank must agree on, where it has them."""
+def _input_kind(tensor) -> int:
+    """Index in INPUTS of what was passed as the tensor: 0 for one the collectives can send."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        return 1
     if tensor.layout != torch.strided:
-        raise ValueError(f"{what}: only dense (strided) tensors are supported, got layout {tensor.layout}")
+        return 2
+    if tensor.device.type == "meta":
+        return 3
+    if tensor.numel() > 1 and any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
+        return 4   # e.g. x.expand(...): writing the result back would need one value per element
+    return 0
+
+
+def _check_group(group, what: str) -> None:
+    """A group this rank can communicate on (None: the default group). Raised at once, on
+    this rank only: the cross-rank check itself runs on the group."""
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return
+    if isinstance(group, int) and not isinstance(group, bool) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"{what}: global rank {dist.get_rank()} is not a member of this group (dist.new_group "
+                         f"returned GroupMember.NON_GROUP_MEMBER here); call a group's collectives on its "
+                         f"members only")
+    raise TypeError(f"{what}: group must be a torch.distributed ProcessGroup (from dist.new_group) or None "
+                    f"for the default group, got {group!r} ({type(group).__name__})")
+
+
+def _valid_root(root, n: int) -> bool:
+    return not isinstance(root, bool) and isinstance(root, numbers.Integral) and 0 <= root < n
+
+
+def prepare(tensor, op, group=None, tracer: Tracer | None = None, check: bool = True,
+            what: str = "allreduce", root: int | None = None, segment_bytes: int | None = None,
+            depth: int | None = None) -> str | None:
+    """Validate one rank's call, check with the other ranks that they made the same call
+    on the same kind of tensor (if `check`), and return the op's name (None for the
+    OPLESS_CALLS, which pass op=None). `root` (for the ROOT_CALLS) and `segment_bytes` are
+    the call's other arguments that every rank must agree on, where it has them; `depth`
+    (receives in flight, the ring's) need not agree but must be valid. A bad value raises
+    on this rank after it has taken part in the check (before, if not `check`), so that
+    the other ranks raise too instead of waiting for it."""
+    _check_group(group, what)
     n = group_size(group)
-    try:
-        name, bad_op = (None if op is None else resolve_op(op)), None
-    except ValueError as e:  # still take part in the check, so the other ranks raise too
-        if not (check and n > 1):
-            raise
-        name, bad_op = UNSUPPORTED, e
-    if root is not None and not 0 <= root < n:
-        raise ValueError(f"{what}: root rank {root} is not in the group of world_size {n} (0..{n - 1})")
+    problems: list[Exception] = []    # raised after the check, the first one
+    kind = _input_kind(tensor)
+    if kind == 1:
+        problems.append(TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}"))
+    elif kind == 2:
+        problems.append(ValueError(f"{what}: only dense (strided) tensors are supported, got layout {tensor.layout}"))
+    elif kind == 3:
+        problems.append(ValueError(f"{what}: a tensor on the meta device has no data to send"))
+    elif kind == 4:
+        problems.append(ValueError(f"{what}: the tensor's elements overlap in memory (shape {tuple(tensor.shape)}, "
+                                   f"stride {tensor.stride()}, e.g. from expand()), so it cannot hold one result "
+                                   f"per element; pass a clone()"))
+    name = None
+    if op is not None or what not in OPLESS_CALLS:
+        try:
+            name = resolve_op(op)
+        except ValueError as e:
+            name = UNSUPPORTED
+            problems.append(ValueError(f"{what}: {e}"))
+    if what in ROOT_CALLS and not _valid_root(root, n):
+        problems.append((ValueError if isinstance(root, numbers.Integral) and not isinstance(root, bool)
+                         else TypeError)(f"{what}: root rank {root!r} is not in the group of world_size {n} "
+                                         f"(an int in 0..{n - 1})"))
+    if kind == 0 and tensor.dtype not in DTYPES:
+        problems.append(TypeError(f"{what}: dtype {tensor.dtype} is not supported; use one of "
+                                  f"{[str(d).replace('torch.', '') for d in DTYPES]}"))
+    elif kind == 0 and name == "avg" and not tensor.is_floating_point():
+        problems.append(ValueError(f"{what}: op='avg' needs a floating-point tensor, got {tensor.dtype} "
+                                   f"(torch.distributed's gloo backend rejects it too); use op='sum' and "
+                                   f"divide by world_size={n} the way you want"))
+    pipeline = [(k, v) for k, v in (("segment_bytes", segment_bytes), ("depth", depth)) if v is not None]
+    bad = [f"{k}={v!r}" for k, v in pipeline if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1)]
+    if bad:
+        problems.append(ValueError(f"{what}: need integers segment_bytes >= 1 and depth >= 1, got {', '.join(bad)}"))
+        segment_bytes = BAD_PIPELINE
     if check and n > 1:
         check_same_across_ranks(tensor, name, what, root, group, tracer, segment_bytes)
-    if bad_op is not None:
-        raise bad_op
-    if tensor.dtype not in DTYPES:
-        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported; use one of "
-                        f"{[str(d).replace('torch.', '') for d in DTYPES]}")
-    if name == "avg" and not tensor.is_floating_point():
-        raise ValueError(f"{what}: op='avg' needs a floating-point tensor, got {tensor.dtype} "
-                         f"(torch.distributed's gloo backend rejects it too); use op='sum' and "
-                         f"divide by world_size={n} the way you want")
+    if problems:
+        raise problems[0]
     return name
 
 
 # ----------------------------------------------------------------------------- the check
 
 
-def _header(tensor: torch.Tensor, op: str | None, what: str, root: int | None,
-            segment_bytes: int | None) -> torch.Tensor:
-    dtype_code = _CODED_DTYPES.index(tensor.dtype) if tensor.dtype in _CODED_DTYPES else len(_CODED_DTYPES)
-    shape = tuple(tensor.shape)
+def _header(tensor, op: str | None, what: str, root: int, segment_bytes: int | None) -> torch.Tensor:
+    """One rank's call as HEADER_LEN int64s; `tensor` may be anything (INPUTS), `root` is
+    already a code (a rank, NO_ROOT or BAD_ROOT)."""
+    kind = _input_kind(tensor)
+    shape = tuple(tensor.shape) if kind != 1 else ()
+    dtype = tensor.dtype if kind != 1 else None
+    dtype_code = _CODED_DTYPES.index(dtype) if dtype in _CODED_DTYPES else len(_CODED_DTYPES)
     dims = list(shape[:MAX_DIMS]) + [-1] * (MAX_DIMS - min(len(shape), MAX_DIMS))
     op_code = -1 if op is None else (OPS.index(op) if op in OPS else len(OPS))
-    values = [tensor.numel(), dtype_code, len(shape), op_code,
-              zlib.crc32(what.encode()), -1 if root is None else root,
-              -1 if segment_bytes is None else segment_bytes, zlib.crc32(repr(shape).encode())] + dims
+    values = [tensor.numel() if kind != 1 else 0, dtype_code, len(shape), op_code,
+              zlib.crc32(what.encode()), root,
+              NO_SEGMENT if segment_bytes is None else min(int(segment_bytes), MAX_SEGMENT),
+              zlib.crc32(repr(shape).encode()),
+              kind] + dims
     return torch.tensor(values, dtype=torch.int64)  # (HEADER_LEN,)
 
 
 def _describe(row: list[int], what_by_crc: dict) -> str:
-    numel, dtype_code, ndim, op_code, what_crc, root, segment_bytes, _, *dims = row
+    numel, dtype_code, ndim, op_code, what_crc, root, segment_bytes, _, kind, *dims = row
     dtype = str(_CODED_DTYPES[dtype_code]).replace("torch.", "") if dtype_code < len(_CODED_DTYPES) else "other"
     shape = tuple(dims[:min(ndim, MAX_DIMS)])
     shape_s = str(shape) if ndim <= MAX_DIMS else f"{str(shape)[:-1]}, ...) ndim={ndim} numel={numel}"
-    args = [f"shape={shape_s}", f"dtype={dtype}"]
+    args = [f"tensor={INPUTS[kind]}"] if kind == 1 else [f"shape={shape_s}", f"dtype={dtype}"]
+    if kind > 1:
+        args.append(f"tensor={INPUTS[kind]}")
     if op_code >= 0:
         args.append(f"op={OPS[op_code]!r}" if op_code < len(OPS) else f"op={UNSUPPORTED}")
     if root >= 0:
         args.append(f"root={root}")
+    elif root == BAD_ROOT:
+        args.append("root=<not a rank of the group>")
     if segment_bytes >= 0:
         args.append(f"segment_bytes={segment_bytes}")
+    elif segment_bytes == BAD_PIPELINE:
+        args.append("segment_bytes or depth=<not an integer >= 1>")
     return f"{what_by_crc.get(what_crc, 'another collective')}({', '.join(args)})"
 
 
-def check_same_across_ranks(tensor: torch.Tensor, op: str | None, what: str, root: int | None = None,
+def _check_device(tensor, group) -> torch.device:
+    """Where the check's headers travel: the tensor's wire device, or, for something that
+    is not a tensor, the host on gloo and this rank's GPU on nccl."""
+    if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+        return wire_device(tensor, group)
+    if dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def check_same_across_ranks(tensor, op: str | None, what: str, root: int | None = None,
                             group=None, tracer: Tracer | None = None, segment_bytes: int | None = None) -> None:
     """Gather every rank's header at rank 0, send the table back to all, and raise the
     same ValueError on every rank if any two rows differ. 2 message rounds of
     HEADER_LEN·8 and N·HEADER_LEN·8 bytes, traced as "check"."""
     rank, n = group_rank(group), group_size(group)
-    device = wire_device(tensor, group)
-    header = _header(tensor, op, what, root, segment_bytes).to(device)       # (H,)
+    device = _check_device(tensor, group)
+    if root is None and what not in ROOT_CALLS:
+        root_code = NO_ROOT
+    else:
+        root_code = int(root) if _valid_root(root, n) else BAD_ROOT
+    header = _header(tensor, op, what, root_code, segment_bytes).to(device)  # (H,)
     table = torch.empty(n, HEADER_LEN, dtype=torch.int64, device=device)     # (N, H)
     if rank == 0:
         table[0] = header

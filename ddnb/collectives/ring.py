@@ -109,12 +109,6 @@ def _allgather(x, rank, n, group, tracer, seg) -> None:
         s.wait()
 
 
-def _check_pipeline(segment_bytes: int, depth: int) -> None:
-    if not (isinstance(segment_bytes, int) and isinstance(depth, int) and segment_bytes >= 1 and depth >= 1):
-        raise ValueError(f"need integers segment_bytes >= 1 and depth >= 1, got segment_bytes={segment_bytes!r}, "
-                         f"depth={depth!r}")
-
-
 def _segment_len(x: torch.Tensor, segment_bytes: int) -> int:
     return max(1, segment_bytes // x.element_size())
 
@@ -125,8 +119,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, op="sum", group=None, tracer: Trac
     elements chunk_bounds(numel, N)[rank] of the flattened tensor (a view into `tensor`
     when it is contiguous and on a device the group's messages carry, else a copy).
     `tensor` is the workspace: its other chunks are left holding partial results."""
-    _check_pipeline(segment_bytes, depth)
-    op = prepare(tensor, op, group, tracer, check, what="ring_reduce_scatter", segment_bytes=segment_bytes)
+    op = prepare(tensor, op, group, tracer, check, what="ring_reduce_scatter", segment_bytes=segment_bytes, depth=depth)
     rank, n = group_rank(group), group_size(group)
     with flat_view(tensor, group) as x:                                   # (numel,)
         if n == 1 or x.numel() == 0:
@@ -142,7 +135,6 @@ def ring_allgather(tensor: torch.Tensor, group=None, tracer: Tracer | None = Non
     """All-gather around the ring, in place: on entry chunk `rank` (chunk_bounds layout)
     of the flattened `tensor` holds this rank's data; on return every chunk c holds rank
     c's. Returns `tensor`. ring_reduce_scatter then ring_allgather = ring_allreduce."""
-    _check_pipeline(segment_bytes, 1)
     prepare(tensor, None, group, tracer, check, what="ring_allgather", segment_bytes=segment_bytes)
     rank, n = group_rank(group), group_size(group)
     if n == 1 or tensor.numel() == 0:
@@ -168,8 +160,7 @@ def ring_allreduce(tensor: torch.Tensor, op="sum", group=None, tracer: Tracer | 
     16 and 64 MiB, and a whole chunk per message (no pipelining) loses 17% at 64 MiB.
     At 16 MiB and 4 ranks a chunk is one segment, so the ⊕ is not overlapped; that and
     the per-message cost are the gap to gloo."""
-    _check_pipeline(segment_bytes, depth)
-    op = prepare(tensor, op, group, tracer, check, what="ring_allreduce", segment_bytes=segment_bytes)
+    op = prepare(tensor, op, group, tracer, check, what="ring_allreduce", segment_bytes=segment_bytes, depth=depth)
     rank, n = group_rank(group), group_size(group)
     if n == 1 or tensor.numel() == 0:
         return tensor

@@ -20,16 +20,27 @@ model with measured times.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 ALGORITHMS = ("naive", "tree", "ring", "halving_doubling")
 
 
+def _number(value) -> bool:
+    """A finite real number (not a bool): what every size and time here must be."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _finite_note(value) -> str:
+    return " (it must be finite)" if isinstance(value, numbers.Real) and not math.isfinite(value) else ""
+
+
 def _check(algorithm: str, nbytes, world_size) -> None:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes >= 0:
-        raise ValueError(f"nbytes must be a number >= 0, got nbytes={nbytes!r}")
+    if not (_number(nbytes) and nbytes >= 0):
+        raise ValueError(f"nbytes must be a number >= 0, got nbytes={nbytes!r}{_finite_note(nbytes)}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got world_size={world_size!r}")
 
@@ -68,9 +79,9 @@ def allreduce_time(algorithm: str, nbytes: float, world_size: int, alpha: float,
     """
     _check(algorithm, nbytes, world_size)
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        if not (_number(value) and value >= 0):
             raise ValueError(f"{name} must be a number >= 0, got {name}={value!r} "
-                             f"(alpha={alpha!r}, beta={beta!r}, gamma={gamma!r})")
+                             f"(alpha={alpha!r}, beta={beta!r}, gamma={gamma!r}){_finite_note(value)}")
     n, p = float(nbytes), world_size
     if p == 1:
         return 0.0
@@ -136,11 +147,15 @@ def fit_alpha_beta(sizes_bytes, times_s, relative: bool = True) -> tuple[float, 
     the exact non-negative least-squares solution for two unknowns. Exact data are
     recovered exactly.
     """
-    ns, ts = [float(n) for n in sizes_bytes], [float(t) for t in times_s]
+    ns, ts = list(sizes_bytes), list(times_s)
     if len(ns) != len(ts) or len(ns) < 2:
         raise ValueError(f"need >= 2 (size, time) pairs of equal length, got {len(ns)} sizes and {len(ts)} times")
-    if any(n < 0 for n in ns) or any(not t > 0 for t in ts):
-        raise ValueError(f"need sizes >= 0 and times > 0, got sizes={ns} times={ts}")
+    bad = [f"sizes_bytes[{i}]={n!r}" for i, n in enumerate(ns) if not (_number(n) and n >= 0)] + \
+          [f"times_s[{i}]={t!r}" for i, t in enumerate(ts) if not (_number(t) and t > 0)]
+    if bad:
+        raise ValueError(f"need finite sizes >= 0 and times > 0, got {', '.join(bad)} "
+                         f"(sizes_bytes={ns}, times_s={ts})")
+    ns, ts = [float(n) for n in ns], [float(t) for t in ts]
     if len(set(ns)) < 2:
         raise ValueError(f"need at least two different sizes to separate alpha from beta, got {sorted(set(ns))}")
     w = [1.0 / t**2 if relative else 1.0 for t in ts]
@@ -150,6 +165,9 @@ def fit_alpha_beta(sizes_bytes, times_s, relative: bool = True) -> tuple[float, 
     swt = sum(wi * t for wi, t in zip(w, ts))
     swnt = sum(wi * n * t for wi, n, t in zip(w, ns, ts))
     det = sw * swnn - swn * swn
+    if not (math.isfinite(det) and det > 0 and math.isfinite(swnt)):   # 1/t^2 or n^2 out of float range
+        raise ValueError(f"cannot fit sizes_bytes={ns}, times_s={ts}: their weighted sums leave float range "
+                         f"(times near 0 with relative=True, or sizes near 1e150)")
     alpha = (swnn * swt - swn * swnt) / det
     beta = (sw * swnt - swn * swt) / det
     if alpha < 0:  # t = n beta alone

@@ -16,6 +16,13 @@ that mean is `ddnb.cost.pipeline.model_parallel_idle_fraction`).
 """
 from __future__ import annotations
 
+import math
+import numbers
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
 
 def boundary_bytes(batch_size: int, seq_len: int, d_model: int, element_size: int = 4) -> int:
     """Bytes of one activation (B, T, d) crossing a stage boundary (and of its gradient)."""
@@ -32,6 +39,9 @@ def model_parallel_bytes(stages: int, activation_bytes: int) -> dict:
     backward if r > 0)."""
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise ValueError(f"stages must be an integer >= 1, got {stages!r}")
+    if not (_number(activation_bytes) and activation_bytes >= 0):
+        raise ValueError(f"activation_bytes must be a number >= 0 and finite, "
+                         f"got activation_bytes={activation_bytes!r}")
     a = activation_bytes
     per_rank = [(a if r < stages - 1 else 0) + (a if r > 0 else 0) for r in range(stages)]
     return {"forward": (stages - 1) * a, "backward": (stages - 1) * a, "total": 2 * (stages - 1) * a,
@@ -41,8 +51,9 @@ def model_parallel_bytes(stages: int, activation_bytes: int) -> dict:
 def sequential_idle_fractions(stage_times) -> list[float]:
     """Idle fraction of each rank when stages with these compute times run one after
     another and messages are free: 1 - t_r / Σ t. Their mean is (p - 1)/p."""
-    times = [float(t) for t in stage_times]
-    if not times or any(t < 0 for t in times) or sum(times) <= 0:
-        raise ValueError(f"stage_times must be non-negative with a positive sum, got {times}")
+    times = list(stage_times)
+    if not times or not all(_number(t) and t >= 0 for t in times) or sum(times) <= 0:
+        raise ValueError(f"stage_times must be finite numbers >= 0 with a positive sum, got stage_times={times}")
+    times = [float(t) for t in times]
     total = sum(times)
     return [1.0 - t / total for t in times]

@@ -22,6 +22,8 @@ Taught in `notebooks/09_pipeline_parallelism.ipynb`.
 """
 from __future__ import annotations
 
+import math
+
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -59,8 +61,9 @@ def pipeline_step_time(stages: int, microbatches: int, t_forward: float, t_backw
     """(m + p - 1)(t_f + t_b): the time of one pipeline step when each stage takes t_f per
     micro-batch forward and t_b per backward and messages are free."""
     _positive_ints(stages=stages, microbatches=microbatches)
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in (t_forward, t_backward)):
-        raise ValueError(f"t_forward and t_backward must be numbers >= 0, got t_forward={t_forward!r}, "
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf
+               for t in (t_forward, t_backward)):
+        raise ValueError(f"t_forward and t_backward must be numbers >= 0 and finite, got t_forward={t_forward!r}, "
                          f"t_backward={t_backward!r}")
     return (microbatches + stages - 1) * (t_forward + t_backward)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ddnb.cost.alpha_beta import allreduce_time
+from ddnb.cost.alpha_beta import ALGORITHMS, allreduce_time
 
 
 class Network(NamedTuple):
@@ -209,6 +209,11 @@ def communication_time(algorithm: str, num_params: float, workers: int, net: Net
     _count("workers", workers)
     _link("net", net)
     _nonnegative("gamma", gamma)
+    _count("servers", servers)          # checked whatever the algorithm: a bad value is never ignored
+    _count("per_node", per_node)
+    _link("intra", intra)
+    if inter_algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown inter_algorithm {inter_algorithm!r}; known: {', '.join(ALGORITHMS)}")
     s = num_params * bytes_per_param
     buckets = 1
     if bucket_bytes is not None:

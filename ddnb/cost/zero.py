@@ -21,6 +21,7 @@ Taught in `notebooks/11_memory_sharding.ipynb`.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 STAGES = (0, 1, 2, 3)
@@ -28,15 +29,15 @@ STAGES = (0, 1, 2, 3)
 
 def _validate(num_params, world_size, stage, k, param_bytes, grad_bytes) -> None:
     bad = []
-    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or not num_params > 0:
+    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or not 0 < num_params < math.inf:
         bad.append(f"num_params must be a number > 0, got num_params={num_params!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         bad.append(f"world_size must be an integer >= 1, got world_size={world_size!r}")
-    if isinstance(stage, bool) or stage not in STAGES:
+    if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or stage not in STAGES:
         bad.append(f"stage must be one of {list(STAGES)} (0: plain data parallel, 1: optimizer state, "
                    f"2: + gradients, 3: + parameters sharded), got stage={stage!r}")
     for name, v in (("k", k), ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
             bad.append(f"{name} must be a number of bytes per parameter >= 0, got {name}={v!r}")
     if bad:
         raise ValueError("; ".join(bad))

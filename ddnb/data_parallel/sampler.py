@@ -26,10 +26,19 @@ import torch
 from torch.utils.data import Sampler
 
 
-def _validate(num_items, num_replicas, rank, seed) -> None:
+SEEDS = (-2 ** 63, 2 ** 63)   # seed and epoch ranges whose sum torch.Generator.manual_seed takes
+EPOCHS = (0, 2 ** 63)
+
+
+def _validate(num_items, num_replicas, rank, seed, shuffle=True, drop_last=False) -> None:
     for name, value in (("num_items", num_items), ("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"ShardSampler: {name} must be an int, got {value!r}")
+    for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(value, bool):
+            raise TypeError(f"ShardSampler: {name} must be True or False, got {value!r}")
+    if not SEEDS[0] <= seed < SEEDS[1]:
+        raise ValueError(f"ShardSampler: seed={seed} is not in [-2**63, 2**63)")
     if num_replicas < 1:
         raise ValueError(f"ShardSampler: num_replicas={num_replicas}, need num_replicas >= 1")
     if num_replicas > num_items:
@@ -37,6 +46,12 @@ def _validate(num_items, num_replicas, rank, seed) -> None:
                          f"at least one item per epoch (rule: num_replicas <= len(dataset))")
     if not 0 <= rank < num_replicas:
         raise ValueError(f"ShardSampler: rank={rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas})")
+
+
+def _check_epoch(epoch, where: str = "ShardSampler") -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not EPOCHS[0] <= epoch < EPOCHS[1]:
+        raise (ValueError if isinstance(epoch, int) and not isinstance(epoch, bool) else TypeError)(
+            f"{where}: epoch must be an int in [0, 2**63), got epoch={epoch!r}")
 
 
 def shard_size(num_items: int, num_replicas: int, drop_last: bool = False) -> int:
@@ -48,7 +63,8 @@ def shard_indices(num_items: int, num_replicas: int, rank: int, epoch: int = 0, 
                   shuffle: bool = True, drop_last: bool = False) -> list[int]:
     """The dataset indices rank `rank` of `num_replicas` reads in `epoch` (see the module
     docstring). Pure: the same arguments give the same list on every rank."""
-    _validate(num_items, num_replicas, rank, seed)
+    _validate(num_items, num_replicas, rank, seed, shuffle, drop_last)
+    _check_epoch(epoch, "shard_indices")
     if shuffle:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
@@ -77,7 +93,13 @@ class ShardSampler(Sampler):
 
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, group=None):
-        num_items = dataset if isinstance(dataset, int) else len(dataset)
+        if isinstance(dataset, int) and not isinstance(dataset, bool):
+            num_items = dataset
+        elif hasattr(dataset, "__len__") and not isinstance(dataset, bool):
+            num_items = len(dataset)
+        else:
+            raise TypeError(f"ShardSampler: dataset must have a length or be the number of items (an int), "
+                            f"got {dataset!r}")
         if num_replicas is None or rank is None:
             import torch.distributed as dist
 
@@ -85,7 +107,7 @@ class ShardSampler(Sampler):
                 raise ValueError("ShardSampler: pass num_replicas and rank, or initialize torch.distributed first")
             num_replicas = dist.get_world_size(group) if num_replicas is None else num_replicas
             rank = dist.get_rank(group) if rank is None else rank
-        _validate(num_items, num_replicas, rank, seed)
+        _validate(num_items, num_replicas, rank, seed, shuffle, drop_last)
         self.num_items, self.num_replicas, self.rank = num_items, num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
@@ -94,6 +116,7 @@ class ShardSampler(Sampler):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's permutation (seed + epoch); call it on every rank. A new epoch
         starts at its first item; the current one (after `load_state_dict`) keeps its place."""
+        _check_epoch(epoch, "ShardSampler.set_epoch")
         if epoch != self.epoch:
             self.epoch, self.start = epoch, 0
 
@@ -115,15 +138,21 @@ class ShardSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         """Go on from a saved position; refused when the saved shards are not this sampler's."""
         mine = self.state_dict()
+        if not isinstance(state, dict):
+            raise TypeError(f"ShardSampler.load_state_dict: state must be a dict from state_dict(), got {state!r}")
+        missing = [k for k in mine if k not in state]
+        if missing:
+            raise ValueError(f"ShardSampler.load_state_dict: the saved state lacks {', '.join(missing)}: "
+                             f"not a ShardSampler.state_dict()")
         wrong = [f"{k}: saved {state.get(k)!r}, here {mine[k]!r}" for k in mine
                  if k not in ("epoch", "start") and state.get(k) != mine[k]]
         if wrong:
             raise ValueError("ShardSampler.load_state_dict: the saved position belongs to other shards (" +
                              "; ".join(wrong) + ")")
         epoch, start = state["epoch"], state["start"]
-        for name, v in (("epoch", epoch), ("start", start)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"ShardSampler.load_state_dict: {name} must be an integer >= 0, got {v!r}")
+        _check_epoch(epoch, "ShardSampler.load_state_dict")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"ShardSampler.load_state_dict: start must be an integer >= 0, got {start!r}")
         if start > len(self):
             raise ValueError(f"ShardSampler.load_state_dict: start={start} is past the shard's {len(self)} items")
         self.epoch, self.start = epoch, start
