@@ -27,9 +27,10 @@ lab: setup
 
 # Two runs: the unit and multi-process tests' worlds (processes kept for the whole session)
 # are gone before the notebooks start their own clusters.
+# --durations: the slowest tests and notebooks, for keeping the whole run short.
 test: setup
-	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
-	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
