@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import ipyparallel as ipp
 import psutil
 
-from ddnb import worker_env
+from ddnb import px, worker_env
 from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
 
 MAX_LOCAL_WORKERS = 64
@@ -229,7 +229,7 @@ class Cluster:
         self.view = self.client[engine_ids]
         self.view.block = True
         self._push_names()
-        self._enable_magics()
+        px.enable(self)
 
     def _init_horovod(self, hosts: list[str], single_host: bool, env: dict | None = None) -> None:
         from ddnb.rendezvous import HorovodRendezvous
@@ -281,22 +281,6 @@ class Cluster:
         pushes = [({"rank": w["rank"], "world_size": self.n, "local_rank": w["local_rank"],
                     "backend": self.backend},) for w in self.workers]
         self._run_engines(_push_namespace, [p + (self.horovod,) for p in pushes], "push", timeout=self.start_timeout)
-
-    def _enable_magics(self) -> None:
-        """%px / %%px on the ranks, blocking, not streamed, outputs grouped by engine in
-        rank order, no progress bar: the same output every run (nbval compares it)."""
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        shell = get_ipython()
-        if shell is None:
-            return
-        self.view.activate()
-        magics = shell.magics_manager.registry.get("ParallelMagics")
-        if magics is not None:
-            magics.stream_output = False
-            magics.progress_after_seconds = -1
 
     def resize(self, n: int) -> "Cluster":
         """Change the number of workers to n and re-form the process group (and Horovod)."""
