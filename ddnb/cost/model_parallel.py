@@ -16,12 +16,7 @@ that mean is `ddnb.cost.pipeline.model_parallel_idle_fraction`).
 """
 from __future__ import annotations
 
-import math
-import numbers
-
-
-def _number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+from ddnb.cost.alpha_beta import _number   # a finite real number, not a bool
 
 
 def boundary_bytes(batch_size: int, seq_len: int, d_model: int, element_size: int = 4) -> int:
