@@ -18,19 +18,17 @@ cells of every notebook); tested in tests/test_px.py.
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import weakref
 
 DIED = re.compile(r"Engine (\d+) died while running task")
 
-_cluster_ref = None   # the Cluster whose view %%px uses now (the last one enabled)
-
 
 def enable(cluster) -> None:
     """Point %px / %%px at `cluster`'s ranks (in rank order) and install the lost-worker
     message; nothing to do outside IPython."""
-    global _cluster_ref
     try:
         from IPython import get_ipython
     except ImportError:
@@ -43,10 +41,10 @@ def enable(cluster) -> None:
     if magics is not None:
         magics.stream_output = False
         magics.progress_after_seconds = -1
-    _cluster_ref = weakref.ref(cluster)
     from ipyparallel.error import CompositeError
 
-    shell.set_custom_exc((CompositeError,), _show_with_ranks)
+    # the handler holds the cluster whose view %px now uses (weakly: it may be dropped)
+    shell.set_custom_exc((CompositeError,), functools.partial(_show_with_ranks, weakref.ref(cluster)))
 
 
 def dead_engines(error) -> list[int]:
@@ -74,10 +72,10 @@ def lost_worker_message(workers, error) -> str | None:
             f"from it: call cluster.restart()")
 
 
-def _show_with_ranks(shell, etype, value, tb, tb_offset=None):
+def _show_with_ranks(cluster_ref, shell, etype, value, tb, tb_offset=None):
     """IPython's handler for a %px CompositeError: the usual error, then the ranks lost."""
     shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-    cluster = _cluster_ref() if _cluster_ref is not None else None
+    cluster = cluster_ref()
     message = lost_worker_message(cluster.workers, value) if cluster is not None else None
     if message:
         print(message, file=sys.stderr)
