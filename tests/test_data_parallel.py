@@ -235,8 +235,10 @@ def test_overlap_stats_from_synthetic_events():
           {"rank": 0, "kind": "collective", "name": "bucket 1", "start": 6.0, "end": 14.0, "step": 0, "bucket": 1},
           {"rank": 1, "kind": "compute", "name": "backward", "start": 0.0, "end": 10.0, "step": 0},
           {"rank": 1, "kind": "collective", "name": "bucket 0", "start": 10.0, "end": 12.0, "step": 0, "bucket": 0}]
-    # rank 0: comm = [4, 14] = 10, of it before 10: 6; rank 1: 2, none hidden
-    assert overlap_stats(ev) == {"comm": 12.0, "overlapped": 6.0, "fraction": 0.5, "steps": 2}
+    # rank 0: comm = [4, 14] = 10, of it before 10: 6, launched at 4 < 10; rank 1: 2, none hidden,
+    # launched at 10, when backward had ended (not before it)
+    assert overlap_stats(ev) == {"comm": 12.0, "overlapped": 6.0, "fraction": 0.5, "backward": 20.0,
+                                 "launched_in_backward": 1, "steps": 2}
     assert overlap_stats([])["fraction"] == 0.0
 
 

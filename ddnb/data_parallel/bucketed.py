@@ -323,19 +323,27 @@ def overlap_stats(events: list[dict]) -> dict:
     """From BucketedDataParallel's events (any ranks, any steps): communication time
     (the union of the bucket all-reduces' launch → completion intervals, per rank and
     step, summed), the part of it before that step's backward ended, and their ratio,
-    `fraction`: 1.0 = all communication hidden behind backward, 0.0 = none (naive)."""
+    `fraction`: 1.0 = all communication hidden behind backward, 0.0 = none (naive).
+    Also `backward` (the backward time, summed the same way) and `launched_in_backward`:
+    in how many of the `steps` (rank, step) the first bucket's all-reduce was launched
+    before backward ended, which is what makes overlap possible at all; how much of the
+    communication then hides depends on how long backward has left to run."""
     steps: dict = {}
     for e in events:
         key = (e["rank"], e.get("step"))
         if e["kind"] == "compute" and e["name"] == "backward":
-            steps.setdefault(key, [None, []])[0] = e["end"]
+            steps.setdefault(key, [None, []])[0] = (e["start"], e["end"])
         elif e["kind"] == "collective" and "bucket" in e:
             steps.setdefault(key, [None, []])[1].append((e["start"], e["end"]))
-    comm = hidden = 0.0
-    for bw_end, intervals in steps.values():
+    comm = hidden = backward = 0.0
+    early = 0
+    for bw, intervals in steps.values():
+        if bw is not None:
+            backward += bw[1] - bw[0]
+            early += bool(intervals) and min(a for a, _ in intervals) < bw[1]
         for a, b in _union(intervals):
             comm += b - a
-            if bw_end is not None:
-                hidden += max(0.0, min(b, bw_end) - a)
+            if bw is not None:
+                hidden += max(0.0, min(b, bw[1]) - a)
     return {"comm": comm, "overlapped": hidden, "fraction": hidden / comm if comm > 0 else 0.0,
-            "steps": len(steps)}
+            "backward": backward, "launched_in_backward": early, "steps": len(steps)}
