@@ -17,7 +17,7 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 help:
 	@echo "make lab    set up $(VENV) (torch $(TORCH), Horovod), then open JupyterLab on notebooks/"
 	@echo "make test   set up, then run every test and every notebook (nbval)"
-	@echo "make notebooks  re-run every notebook in place, storing its outputs"
+	@echo "make notebooks  re-run every notebook in place, storing its outputs (on a quiet machine only)"
 
 setup:
 	@PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup.sh
@@ -42,8 +42,10 @@ test-notebooks: setup
 test-gpu: setup
 	PY=$(PY) bash scripts/gpu_check.sh $(PYTEST_ARGS)
 
+# one at a time, each only on a quiet machine (it waits, then refuses; FORCE=1 overrides);
+# NB=notebooks/05_allreduce.ipynb re-runs one
 notebooks: setup
-	$(PY) scripts/run_notebooks.py notebooks/*.ipynb
+	$(PY) scripts/run_notebooks.py $(or $(NB),notebooks/*.ipynb) $(if $(FORCE),--force,)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
