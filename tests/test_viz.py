@@ -118,4 +118,7 @@ def test_worker_count_explorer_draws_efficiency_from_a_fake_cluster():
     assert explorer.status.value == "4 workers: ValueError: only 3 engines here" and 4 not in explorer.times
     axes = plot_scaling(explorer.times)
     assert [round(y, 3) for y in axes[1].lines[1].get_ydata()] == [1.0, round(1.1 / 1.2, 3), round(1.1 / 1.3, 3)]
+    assert axes[1].get_ylim() == (0, 1.2)
+    superlinear = plot_scaling({1: 4.0, 2: 1.0})    # efficiency 2: drawn on the chart, not clipped
+    assert superlinear[1].get_ylim()[1] == pytest.approx(2.2)
     plt.close("all")

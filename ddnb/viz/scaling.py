@@ -54,7 +54,8 @@ def plot_scaling(times: dict[int, float], title: str = "", unit: str = "s", axes
     ax.set_xticks(sorted(times))
     ax.set_xlabel("workers")
     ax.set_ylabel("efficiency T(1) / (N T(N))")
-    ax.set_ylim(0, 1.2)
+    # every measured point stays on the chart (an efficiency above 1 is shown, not clipped)
+    ax.set_ylim(0, max([1.2] + [1.1 * r["efficiency"] for r in rows]))
     ax.legend()
     ax.grid(alpha=0.3)
     return axes
