@@ -41,15 +41,17 @@ def _stop_all():
 
 
 def _choose_backend(backend: str, hosts: list[str], gpus: list[int]) -> tuple[str, str | None]:
-    """nccl when every worker can have a GPU of its own on its host, else gloo.
-    Returns (backend, message) where message explains a fallback."""
+    """"auto": worker_env.GPU_BACKEND ("cpu:gloo,cuda:nccl": CPU tensors over gloo, CUDA
+    tensors over nccl) when every worker can have a GPU of its own on its host, else gloo.
+    "nccl": pure nccl (what was asked for; CPU tensors then fail), or ValueError without
+    a GPU per worker. Returns (backend, message) where message explains a fallback."""
     if backend == "gloo":
         return "gloo", None
     per_host = {h: hosts.count(h) for h in hosts}
     gpus_on = dict(zip(hosts, gpus))
     short = {h: (n, gpus_on[h]) for h, n in per_host.items() if gpus_on[h] < n}
     if not short:
-        return "nccl", None
+        return ("nccl" if backend == "nccl" else worker_env.GPU_BACKEND), None
     why = ", ".join(f"{h}: {n} workers but {g} GPU{'s' if g != 1 else ''}" for h, (n, g) in short.items())
     if backend == "nccl":
         raise ValueError(f"backend='nccl' needs one GPU per worker ({why}); use backend='gloo' or fewer workers")
@@ -65,8 +67,13 @@ class Cluster:
     ----------
     n : number of workers. With `profile`/`cluster_id`, the number of engines to use from
         an already running ipcluster (None: all of them).
-    backend : "auto" (nccl with device cuda:local_rank when every worker has a GPU of its
-        own, else gloo on CPU), "gloo" or "nccl".
+    backend : "auto" (when every worker has a GPU of its own: "cpu:gloo,cuda:nccl", gloo
+        for CPU tensors and nccl for CUDA tensors, each worker on cuda:local_rank; else
+        gloo on CPU), "gloo", or "nccl" (pure nccl, as asked: collectives on CPU tensors
+        then fail; ValueError without a GPU per worker). `Cluster.backend` and each
+        worker's "backend" say which one was formed. Every engine gets `device`, the
+        device its tensors belong on (cuda:local_rank with nccl, else cpu), so a %%px
+        cell writes `torch.ones(3, device=device)` on any machine.
     horovod : also initialize Horovod (over Gloo, without horovodrun) on the same workers.
     timeout : seconds that any wait may take: engine start, process-group set-up, `run`,
         and every collective on the workers.
@@ -489,7 +496,7 @@ def _push_namespace(names: dict, horovod: bool) -> None:
     import torch.distributed as dist
 
     ns = __main__.__dict__
-    device = torch.device("cuda", names["local_rank"]) if names["backend"] == "nccl" else torch.device("cpu")
+    device = worker_env.device_for(names["backend"], names["local_rank"])
     ns.update(names, device=device, torch=torch, dist=dist)
     if horovod:
         import horovod.torch as hvd

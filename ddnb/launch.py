@@ -10,8 +10,9 @@ themselves, on one machine or several:
 The same `ddnb.data_parallel.train.train_digits` the notebooks run on a `ddnb.Cluster`
 (notebooks 06 and 07), so a result seen in a notebook can be reproduced at scale. The
 process group comes from the launcher's environment: torchrun's RANK / WORLD_SIZE /
-MASTER_ADDR / MASTER_PORT (`init_method="env://"`; nccl with cuda:LOCAL_RANK when every
-local rank has a GPU, else gloo), horovodrun's HOROVOD_RANK / HOROVOD_SIZE (`hvd.init()`).
+MASTER_ADDR / MASTER_PORT (`init_method="env://"`; "cpu:gloo,cuda:nccl" with
+cuda:LOCAL_RANK when every local rank has a GPU, so CPU and CUDA tensors both work, else
+gloo), horovodrun's HOROVOD_RANK / HOROVOD_SIZE (`hvd.init()`).
 Rank 0 prints one JSON line; `--compare` also trains the single-process reference on the
 global batch and prints the largest parameter difference. Arguments are checked before
 any process group is formed.
@@ -75,10 +76,19 @@ def init_from_launcher(strategy: str, timeout: float) -> None:
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     threads = max(1, (os.cpu_count() or 1) // local_size)
     torch.set_num_threads(threads)
-    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_size
-    if gpu:
+    backend = launcher_backend(torch.cuda.device_count() if torch.cuda.is_available() else 0, local_size)
+    if backend != "gloo":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if gpu else "gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+
+
+def launcher_backend(gpus: int, local_size: int) -> str:
+    """"cpu:gloo,cuda:nccl" (gloo for CPU tensors, nccl for CUDA ones) when each of the
+    `local_size` ranks on this node can have one of its `gpus` GPUs (cuda:LOCAL_RANK,
+    `ddnb.worker_env.rank_device()`), else "gloo"."""
+    from ddnb.worker_env import GPU_BACKEND
+
+    return GPU_BACKEND if 0 < local_size <= gpus else "gloo"
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,7 @@ from multiprocessing.connection import wait
 import cloudpickle
 
 from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.worker_env import GPU_BACKEND
 
 # After a rank raises, how long the others get to finish before the world is declared
 # broken (they may be blocked in a collective that the failed rank never joined).
@@ -99,34 +100,43 @@ def _main_not_reimported():
         main.__spec__ = saved_spec
 
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", GPU_BACKEND, "auto")
 
 
-def check_backend(backend: str, n: int) -> None:
-    """Refuse, before any process starts, a backend this machine cannot give n ranks:
-    nccl needs one CUDA device per rank (two ranks on one GPU fail in ncclCommInitRank)."""
+def check_backend(backend: str, n: int, gpus: int | None = None) -> str:
+    """The backend a World of n ranks forms, refusing before any process starts one that
+    this machine (`gpus` CUDA devices, default: counted) cannot give them: nccl needs one
+    CUDA device per rank (two ranks on one GPU fail in ncclCommInitRank). "auto" is
+    GPU_BACKEND ("cpu:gloo,cuda:nccl") with a GPU per rank, else gloo, as in `ddnb.Cluster`;
+    "nccl" stays pure nccl (CPU tensors then fail)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "nccl":
+    if backend == "gloo":
+        return backend
+    if gpus is None:
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpus < n:
-            raise ValueError(f"backend='nccl' needs one CUDA device per rank: {n} ranks, {gpus} device(s) here; "
-                             f"use backend='gloo' (CUDA tensors travel through the host) or fewer ranks")
+    if backend == "auto":
+        return GPU_BACKEND if gpus >= n else "gloo"
+    if gpus < n:
+        raise ValueError(f"backend={backend!r} needs one CUDA device per rank: {n} ranks, {gpus} device(s) here; "
+                         f"use backend='gloo' (CUDA tensors travel through the host) or fewer ranks")
+    return backend
 
 
 class World:
-    """N live processes in one process group (gloo by default; nccl with one GPU per
-    rank), and optionally Horovod. Where CUDA is available rank r uses device
-    r % device_count, so CUDA tensors work with either backend."""
+    """N live processes in one process group (gloo by default; "nccl", "cpu:gloo,cuda:nccl"
+    or "auto" as `check_backend` says, with one GPU per rank), and optionally Horovod.
+    `World.backend` is the backend formed. Where CUDA is available rank r uses device
+    r % device_count, so CUDA tensors work with any backend; `ddnb.worker_env.rank_device()`
+    on a rank is the device its tensors belong on."""
 
     def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int = 1,
                  backend: str = "gloo"):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"World needs an integer n >= 1, got {n!r}")
-        check_backend(backend, n)
-        self.backend = backend
+        self.backend = backend = check_backend(backend, n)
         self.n, self.timeout, self.horovod = n, timeout, horovod
         self.broken = False
         self._dir = tempfile.mkdtemp(prefix="ddnb-world-")

@@ -15,7 +15,8 @@ def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None
 
     if numel < 0 or iters < 1 or warmup < 0:
         raise ValueError(f"need numel >= 0, iters >= 1, warmup >= 0; got {numel}, {iters}, {warmup}")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    # with nccl in the group ("nccl" or "cpu:gloo,cuda:nccl") time it on this rank's GPU
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend(group) else "cpu"
     x = torch.ones(numel, dtype=dtype or torch.float32, device=device)
     for _ in range(warmup):
         op(x)

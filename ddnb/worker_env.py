@@ -17,6 +17,31 @@ from datetime import timedelta
 # The rendezvous store of rank 0, kept alive for the lifetime of the process group.
 _store = None
 
+# One GPU per rank: gloo carries CPU tensors and nccl CUDA tensors, in one process group
+# (torch.distributed picks the backend by the tensor's device), so a notebook's CPU
+# all-reduce and its CUDA training both work. Pure "nccl" fails on CPU tensors.
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
+
+def device_for(backend: str, local_rank: int):
+    """The device a rank puts its tensors on: cuda:local_rank when its process group has
+    nccl ("nccl" or GPU_BACKEND), else the CPU."""
+    import torch
+
+    return torch.device("cuda", local_rank) if "nccl" in str(backend) else torch.device("cpu")
+
+
+def rank_device():
+    """The device this rank's tensors belong on, from its process group, in any ddnb
+    process (an engine, a `ddnb.testing.World` rank, `ddnb.launch` under a launcher): its
+    current GPU when the group has nccl, else the CPU (also before any group exists)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
 
 def limit_threads(threads: int) -> None:
     """One process per worker: keep each one to `threads` intra-op threads, so that N
@@ -93,8 +118,10 @@ def open_store(world_size: int, timeout: float) -> int:
 
 def init_process_group(rank: int, world_size: int, backend: str, master_addr: str,
                        master_port: int, local_rank: int, timeout: float) -> dict:
-    """Join the torch.distributed world. Every collective then times out after `timeout`
-    seconds instead of gloo's default 30 minutes, so a lost peer cannot hang a rank."""
+    """Join the torch.distributed world with `backend` ("gloo", "nccl" or GPU_BACKEND);
+    with nccl in it, this process uses cuda:local_rank (`device_for`), which it returns as
+    "device". Every collective then times out after `timeout` seconds instead of gloo's
+    default 30 minutes, so a lost peer cannot hang a rank."""
     import torch
     import torch.distributed as dist
 
@@ -102,15 +129,14 @@ def init_process_group(rank: int, world_size: int, backend: str, master_addr: st
         dist.destroy_process_group()
     store = _store if rank == 0 else dist.TCPStore(
         master_addr, master_port, world_size, is_master=False, timeout=timedelta(seconds=timeout))
-    kwargs = {}
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        kwargs["device_id"] = device
-    else:
-        device = torch.device("cpu")
+    device = device_for(backend, local_rank)
+    if device.type == "cuda":
+        # no device_id: with it nccl starts eagerly and runs every unbatched send/recv of a
+        # group on one communicator, in order, so one posted receive (a parameter server
+        # listening to its workers) would hold back every other message of the group
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout), **kwargs)
+                            timeout=timedelta(seconds=timeout))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),

@@ -253,9 +253,11 @@ def test_bad_arguments_fail_before_anything_starts(kwargs, message):
 
 
 def test_backend_selection():
+    mixed = "cpu:gloo,cuda:nccl"   # gloo for CPU tensors, nccl for CUDA tensors
     assert _choose_backend("auto", ["a", "a"], [0, 0]) == ("gloo", None)
-    assert _choose_backend("auto", ["a", "a"], [2, 2]) == ("nccl", None)
-    assert _choose_backend("auto", ["a", "a", "b", "b"], [2, 2, 2, 2]) == ("nccl", None)
+    assert _choose_backend("auto", ["a", "a"], [2, 2]) == (mixed, None)
+    assert _choose_backend("auto", ["a", "a", "b", "b"], [2, 2, 2, 2]) == (mixed, None)
+    assert _choose_backend("nccl", ["a", "a"], [2, 2]) == ("nccl", None)   # pure nccl, as asked
     backend, note = _choose_backend("auto", ["a", "a", "a"], [1, 1, 1])
     assert backend == "gloo" and "a: 3 workers but 1 GPU" in note
     assert _choose_backend("gloo", ["a"], [8]) == ("gloo", None)
@@ -263,6 +265,16 @@ def test_backend_selection():
         _choose_backend("nccl", ["a", "b", "b"], [1, 1, 1])
     with pytest.raises(ValueError, match="needs one GPU per worker"):
         _choose_backend("nccl", ["a"], [0])
+
+
+def test_device_follows_the_backend():
+    import torch
+
+    from ddnb.worker_env import device_for, rank_device
+
+    assert device_for("gloo", 1) == torch.device("cpu")
+    assert device_for("nccl", 1) == device_for("cpu:gloo,cuda:nccl", 1) == torch.device("cuda", 1)
+    assert rank_device() == torch.device("cpu")   # no process group in this process
 
 
 def test_resize_rejects_bad_sizes(cluster):

@@ -5,7 +5,10 @@
   nccl with one GPU per rank where there are at least two;
 - data parallelism on CUDA (ddnb's naive and bucketed wrappers, torch DDP) reaching the
   same parameters as one process on the CPU;
-- the timing helper on an nccl world (it synchronizes the device).
+- the timing helper on an nccl world (it synchronizes the device);
+- the bucketed path's async torch all-reduce and its find_unused_parameters bitmap on
+  CUDA; backend="auto" with one rank per GPU ("cpu:gloo,cuda:nccl": CPU and CUDA tensors
+  both reduce); the parameter server on pure nccl (named receives, messages on the GPU).
 
 `scripts/gpu_check.sh` runs them (and prints what the machine has) in a few minutes.
 """
@@ -93,7 +96,8 @@ def train_on_cuda(strategy, allreduce):
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=needs_two)])
 def test_data_parallel_on_cuda_matches_one_cpu_process(backend):
     with World(2, timeout=120, backend=backend) as world:
-        for strategy, allreduce in [("naive", "ring"), ("naive", "torch"), ("bucketed", "ring"), ("ddp", None)]:
+        for strategy, allreduce in [("naive", "ring"), ("naive", "torch"), ("bucketed", "ring"),
+                                    ("bucketed", "torch"), ("ddp", None)]:
             errors = world.run(train_on_cuda, strategy, allreduce)
             assert max(errors) < 1e-4, (backend, strategy, allreduce, errors)
 
@@ -109,3 +113,72 @@ def test_time_collective_on_nccl():
     with World(2, timeout=120, backend="nccl") as world:
         times = world.run(timed_nccl)
     assert len(set(times)) == 1 and 0 < times[0] < 1.0   # the slowest rank's time, on every rank
+
+
+def unused_on_cuda(allreduce):
+    """Two branches; only the first is used: its gradient is the mean over ranks, the
+    unused branch keeps .grad = None, and the bitmap lived on the GPU (no error on nccl)."""
+    from ddnb.data_parallel import BucketedDataParallel
+
+    class TwoBranches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    rank, n, device = dist.get_rank(), dist.get_world_size(), torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    net = TwoBranches().to(device)
+    model = BucketedDataParallel(net, bucket_mb=0.0001, first_bucket_mb=None, allreduce=allreduce,
+                                 find_unused_parameters=True)
+    model(torch.full((2, 4), float(rank + 1), device=device)).sum().backward()   # x: (2, 4)
+    mean = torch.full((3, 4), 2.0 * sum(r + 1 for r in range(n)) / n)   # d sum(Wx)/dW, averaged over ranks
+    return ((net.used.weight.grad.cpu() - mean).abs().max().item(), net.unused.weight.grad is None,
+            net.unused.bias.grad is None)
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=needs_two)])
+@pytest.mark.parametrize("allreduce", ["torch", "ring"])
+def test_find_unused_parameters_on_cuda(backend, allreduce):
+    with World(2, timeout=120, backend=backend) as world:
+        for err, weight_none, bias_none in world.run(unused_on_cuda, allreduce):
+            assert err < 1e-6 and weight_none and bias_none
+
+
+def devices_and_sums():
+    from ddnb.worker_env import rank_device
+
+    device = rank_device()
+    on_gpu, on_cpu = torch.ones(3, device=device), torch.ones(3)
+    dist.all_reduce(on_gpu)
+    dist.all_reduce(on_cpu)
+    return dist.get_backend(), str(device), on_gpu.sum().item(), on_cpu.sum().item()
+
+
+@needs_two
+def test_auto_backend_one_rank_per_gpu_reduces_cpu_and_cuda_tensors():
+    n = min(GPUS, 4)
+    with World(n, timeout=120, backend="auto") as world:
+        got = world.run(devices_and_sums)
+    assert [g[1] for g in got] == [f"cuda:{r}" for r in range(n)]
+    assert all(g[0] == "cpu:gloo,cuda:nccl" and g[2] == g[3] == 3.0 * n for g in got), got
+
+
+@needs_two
+@pytest.mark.parametrize("mode", ["bsp", "asp"])
+def test_parameter_server_on_nccl(mode):
+    """Pure nccl has no any-source receive: the server names its sources, messages on the GPU."""
+    import functools
+
+    from ddnb.data import digits
+    from ddnb.models import mlp
+    from ddnb.parameter_server import PSConfig, train
+
+    n = min(GPUS, 3)
+    config = PSConfig(mode=mode, steps=5, batch_size=16, lr=0.05)
+    with World(n, timeout=120, backend="nccl") as world:
+        res = world.run(train, config, functools.partial(mlp, (64, 32, 10), seed=0), digits()[0])
+    server = [r for r in res if r["role"] == "server"][0]
+    assert server["updates"] == (5 if mode == "bsp" else 5 * (n - 1)) and server["gradients"] == 5 * (n - 1)

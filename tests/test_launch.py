@@ -14,7 +14,7 @@ import pytest
 
 from conftest import requires_horovod
 from ddnb.data_parallel.train import reference_digits, train_digits
-from ddnb.launch import launcher_env, main
+from ddnb.launch import launcher_backend, launcher_env, main
 
 BIN = os.path.dirname(sys.executable)
 # 674 training digits on 2 ranks, 32 a step: an epoch is 10 steps, so 12 steps cross into epoch 1
@@ -36,6 +36,12 @@ def test_launcher_detected_from_the_environment():
     assert launcher_env({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}) == "horovodrun"
     assert launcher_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}) == "torchrun"
     assert launcher_env({"RANK": "1"}) == "none"
+
+
+def test_launcher_backend_gives_gpus_gloo_and_nccl():
+    assert launcher_backend(gpus=0, local_size=1) == "gloo"
+    assert launcher_backend(gpus=2, local_size=4) == "gloo"            # not one GPU per local rank
+    assert launcher_backend(gpus=2, local_size=2) == "cpu:gloo,cuda:nccl"
 
 
 @pytest.mark.parametrize("argv, message", [

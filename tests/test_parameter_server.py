@@ -8,9 +8,11 @@ Worlds: world(5) = 1 server + 4 workers (or 2 + 3), world(4) = 1 + 3 or 4 co-loc
 """
 import functools
 import math
+import queue
 import re
 import threading
 import time
+import types
 from dataclasses import replace
 
 import pytest
@@ -108,6 +110,74 @@ def test_header_and_traffic():
     assert bytes_per_step(S, 4, 2) == {"server_sent": 2 * S, "server_received": 2 * S,
                                        "worker_sent": S, "worker_received": S}
     assert bytes_per_step(S, 4, colocated=True)["worker_sent"] == 3 * S / 4
+
+
+class FakeWire:
+    """Stands in for p2p.irecv / p2p.recv on a pure nccl group (no GPU here): a posted
+    header receive from src completes once the test has `land`ed src's next message."""
+
+    def __init__(self, messages):
+        self.queued = {src: list(ms) for src, ms in messages.items()}   # src -> [(header, payload)]
+        self.landed, self.posts = set(), []
+
+    def irecv(self, tensor, src, group=None, tracer=None, name="recv"):
+        self.posts.append(src)
+        wire = self
+
+        class Work:
+            def is_completed(self):
+                if src in wire.landed:
+                    tensor.copy_(wire.queued[src][0][0])
+                return src in wire.landed
+
+            def wait(self):
+                wire.landed.discard(src)
+
+        return types.SimpleNamespace(work=Work(), start=time.time(), done=False)
+
+    def recv(self, tensor, src, group=None, tracer=None, name="recv"):
+        tensor.copy_(self.queued[src].pop(0)[1])
+
+    def land(self, *srcs):
+        self.landed.update(srcs)
+
+
+def test_named_receiver_takes_first_come_in_turn_and_posts_only_when_nothing_is_owed(monkeypatch):
+    """The server's receive on nccl (no any-source receive): one posted header receive per
+    worker; the first complete is taken, ties in turn after the rank taken last; a
+    worker's next receive is posted after its push, but after its pull only once it is
+    answered (expect), since nccl would queue the answer behind that receive."""
+    from ddnb.collectives import p2p
+    from ddnb.parameter_server.messages import DONE, PULL, NamedReceiver
+    from ddnb.trace import Tracer
+
+    grad = torch.arange(3.0)
+    wire = FakeWire({1: [(header(PULL), None), (header(PUSH, clock=0, loss=0.5), grad), (header(DONE), None)],
+                     2: [(header(PULL), None)], 3: [(header(PULL), None)]})
+    monkeypatch.setattr(p2p, "irecv", wire.irecv)
+    monkeypatch.setattr(p2p, "recv", wire.recv)
+    tracer = Tracer(rank=0)
+    rx = NamedReceiver(None, 3, [1, 2, 3], tracer, device=torch.device("cpu"))
+    assert wire.posts == [1, 2, 3]
+    with pytest.raises(queue.Empty):
+        rx.get(timeout=0.01)                                  # nothing landed: nothing taken
+    wire.land(3, 1, 2)
+    taken = [rx.get(timeout=1) for _ in range(3)]
+    assert [(src, m["kind"]) for src, m, _ in taken] == [(1, "pull"), (2, "pull"), (3, "pull")]
+    assert wire.posts == [1, 2, 3]                            # pulls are owed an answer: nothing posted
+    wire.queued[1].pop(0)
+    rx.expect(1)                                              # answered: listen again
+    assert wire.posts == [1, 2, 3, 1]
+    wire.land(1)
+    src, m, payload = rx.get(timeout=1)
+    assert (src, m["kind"], m["loss"]) == (1, "push", 0.5) and torch.equal(payload, grad)
+    assert wire.posts == [1, 2, 3, 1, 1]                      # after a push: posted at once
+    wire.land(1)
+    assert rx.get(timeout=1)[1]["kind"] == "done" and rx.open == {2, 3}
+    rx.expect(1)
+    assert wire.posts == [1, 2, 3, 1, 1]                      # a finished worker is not listened to
+    assert [(e["name"], e["peer"]) for e in tracer.events if e["kind"] == "recv"][:3] == \
+        [("pull", 1), ("pull", 2), ("pull", 3)]
 
 
 def test_server_state_dict_round_trip():

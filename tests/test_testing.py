@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
-from ddnb.testing import World, run_world
+from ddnb.testing import World, check_backend, run_world
 from conftest import requires_horovod
 
 
@@ -85,10 +85,21 @@ def test_bad_world_size(bad):
 
 def test_backend_is_checked_before_any_process_starts():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(ValueError, match=r"backend must be one of \('gloo', 'nccl'\), got 'mpi'"):
+    with pytest.raises(ValueError, match=r"backend must be one of \('gloo', 'nccl', 'cpu:gloo,cuda:nccl', 'auto'\), "
+                                         r"got 'mpi'"):
         World(2, backend="mpi")
     with pytest.raises(ValueError, match=rf"nccl' needs one CUDA device per rank: {gpus + 1} ranks, {gpus} device"):
         World(gpus + 1, backend="nccl")
+
+
+@pytest.mark.parametrize("backend, n, gpus, formed", [
+    ("gloo", 4, 8, "gloo"), ("auto", 2, 0, "gloo"), ("auto", 2, 1, "gloo"), ("auto", 2, 2, "cpu:gloo,cuda:nccl"),
+    ("nccl", 2, 2, "nccl"), ("cpu:gloo,cuda:nccl", 2, 4, "cpu:gloo,cuda:nccl")])
+def test_backend_a_world_forms(backend, n, gpus, formed):
+    assert check_backend(backend, n, gpus=gpus) == formed
+    if backend != "gloo" and gpus:
+        with pytest.raises(ValueError, match=rf"{n + gpus} ranks, {gpus} device"):
+            check_backend(backend if backend != "auto" else "nccl", n + gpus, gpus=gpus)
 
 
 def backend_and_device():

@@ -263,12 +263,14 @@ class BucketedDataParallel(nn.Module):
                         self._bucket_full(self._bucket_of[i])
             used = None
             if self.find_unused_parameters:   # one more collective, after the buckets, on every rank
-                used = torch.tensor(local_used, dtype=torch.float32)      # (P,)
+                # on the buckets' device: an nccl world cannot all-reduce a CPU tensor
+                used = torch.tensor(local_used, dtype=torch.float32, device=self.buckets[0].device)   # (P,)
                 self._handles.append(self._launch(len(self.buckets), used))
             self._poll()
             for k, h in enumerate(self._handles):   # in launch order
                 h.wait() if self._thread is None else h.result()
                 self._done[k] = self._done[k] or time.time()
+            used = None if used is None else used.tolist()   # one device-to-host copy, not one per parameter
             grads, means = [], []
             for i, p in enumerate(self.params):
                 if used is not None and used[i] == 0:

@@ -20,12 +20,23 @@ so one step costs a worker one pull and one push per server, as in Li et al. 201
 Headers and payloads go through `ddnb.collectives.p2p`, so each is a traced "send" /
 "recv" event named after its message ("pull", "push", "params", "done", "stop").
 
-A server cannot know which worker speaks next, so its `Receiver` thread posts a receive
-from *any* source for the next header, then receives that sender's payload; a pair of
-ranks never reorders its messages (header, payload, header, ...), so a header receive
-never meets a payload. The thread hands (src, header, payload) to the server's loop
-through a queue. It never waits with a timeout: on gloo a timed-out wait closes the
-group's connections. Taught in `notebooks/04_parameter_server.ipynb`.
+A server cannot know which worker speaks next. On gloo (and "cpu:gloo,cuda:nccl", whose
+CPU tensors go over gloo) its `Receiver` thread posts a receive from *any* source for the
+next header, then receives that sender's payload; a pair of ranks never reorders its
+messages (header, payload, header, ...), so a header receive never meets a payload. The
+thread hands (src, header, payload) to the server's loop through a queue. It never waits
+with a timeout: on gloo a timed-out wait closes the group's connections.
+
+On a pure nccl group the messages live on the rank's GPU (`message_device`: nccl carries
+CUDA tensors only) and nccl has no any-source receive, so `NamedReceiver` names its
+sources: one header receive posted per worker, polled in the server's own thread, the
+first one complete taken first (ASP and SSP still apply gradients in arrival order, to
+within a poll of `POLL_S`; ties are taken in turn after the last rank served). nccl runs
+a pair's sends and receives in order on one stream, so a receive left posted from a
+worker that waits for "params" would hold that answer back for ever: the next header
+receive from a worker is posted only once nothing is owed to it (after "params", or
+after its push, whose next message needs no answer first). Taught in
+`notebooks/04_parameter_server.ipynb`.
 """
 from __future__ import annotations
 
@@ -44,6 +55,7 @@ PULL, PUSH, DONE, PARAMS, STOP = 1, 2, 3, 4, 5
 NAMES = {PULL: "pull", PUSH: "push", DONE: "done", PARAMS: "params", STOP: "stop"}
 FIELDS = ("kind", "clock", "version", "loss", "arg")
 HEADER_BYTES = 8 * len(FIELDS)
+POLL_S = 1e-4   # NamedReceiver: seconds between two looks at its posted receives
 
 
 class ParameterServerError(RuntimeError):
@@ -55,13 +67,22 @@ class ParameterServerError(RuntimeError):
         self.ranks = list(ranks)
 
 
-def header(kind: int, clock: int = 0, version: int = 0, loss: float = float("nan"), arg: int = -1) -> torch.Tensor:
+def message_device(group=None) -> torch.device:
+    """Where this rank's messages live: its GPU on a pure nccl group (nccl carries CUDA
+    tensors only), else the host (gloo; "cpu:gloo,cuda:nccl" sends CPU tensors over gloo)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def header(kind: int, clock: int = 0, version: int = 0, loss: float = float("nan"), arg: int = -1,
+           device=None) -> torch.Tensor:
     """A header (5,) float64; float64 holds every integer below 2**53 exactly."""
-    return torch.tensor([kind, clock, version, loss, arg], dtype=torch.float64)
+    return torch.tensor([kind, clock, version, loss, arg], dtype=torch.float64, device=device)
 
 
-def empty_header() -> torch.Tensor:
-    return torch.zeros(len(FIELDS), dtype=torch.float64)
+def empty_header(device=None) -> torch.Tensor:
+    return torch.zeros(len(FIELDS), dtype=torch.float64, device=device)
 
 
 def decode(h: torch.Tensor) -> dict:
@@ -73,11 +94,12 @@ def decode(h: torch.Tensor) -> dict:
 
 def send_message(kind: int, dst: int, group, tracer: Tracer | None = None, payload: torch.Tensor | None = None,
                  **fields) -> None:
-    """Send a header (and a payload after it) to `dst`, both traced under the kind's name."""
-    name = NAMES[kind]
-    p2p.send(header(kind, **fields), dst, group, tracer, name=name)
+    """Send a header (and a payload after it) to `dst`, both traced under the kind's name,
+    from the group's `message_device`."""
+    name, device = NAMES[kind], message_device(group)
+    p2p.send(header(kind, device=device, **fields), dst, group, tracer, name=name)
     if payload is not None:
-        p2p.send(payload.detach().contiguous(), dst, group, tracer, name=name)
+        p2p.send(payload.detach().to(device).contiguous(), dst, group, tracer, name=name)
 
 
 def recv_any(tensor: torch.Tensor, group, tracer: Tracer | None = None, name=None) -> int:
@@ -125,16 +147,95 @@ class Receiver(threading.Thread):
             while self.open:
                 h = empty_header()
                 src = recv_any(h, self.group, self.tracer, name=lambda t: NAMES.get(int(t[0]), "header"))
-                msg = decode(h)
-                payload = None
-                if msg["kind"] == "push":
-                    payload = torch.empty(self.numel, dtype=torch.float32)   # (S_j,)
-                    p2p.recv(payload, src, self.group, self.tracer, name="push")
-                elif msg["kind"] == "done":
-                    self.open.discard(src)
-                self.queue.put((src, msg, payload))
+                self.queue.put(_rest_of_message(self, src, h))
         except Exception as e:  # noqa: BLE001 - the server loop decides what it means
             self.queue.put((None, e, None))
+
+    def get(self, timeout: float) -> tuple:
+        """The next (src, header dict, payload or None); queue.Empty after `timeout` s."""
+        return self.queue.get(timeout=timeout)
+
+    def expect(self, src: int) -> None:
+        """Nothing to do: the receive from any source already listens to `src`."""
+
+    def close(self) -> None:
+        """Nothing to do: the thread ends by itself (see the class docstring)."""
+
+
+def _rest_of_message(rx, src: int, h: torch.Tensor) -> tuple:
+    """After the header `h` from `src`: its payload for a push, `src` closed for a done."""
+    msg, payload = decode(h), None
+    if msg["kind"] == "push":
+        payload = torch.empty(rx.numel, dtype=torch.float32, device=h.device)   # (S_j,)
+        p2p.recv(payload, src, rx.group, rx.tracer, name="push")
+    elif msg["kind"] == "done":
+        rx.open.discard(src)
+    return src, msg, payload
+
+
+class NamedReceiver:
+    """A server's receiving half on a group without an any-source receive (pure nccl):
+    the same `get` / `expect` / `close` as `Receiver`, run in the server's own thread (no
+    second thread issues nccl calls). One header receive from each worker that may speak
+    next is posted (`expect`); `get` polls them every POLL_S s and takes the first that is
+    complete, starting after the rank taken last, so that workers whose messages landed
+    within one poll are taken in turn (see the module docstring)."""
+
+    def __init__(self, group, payload_numel: int, workers, tracer: Tracer | None = None, device=None):
+        self.group, self.numel, self.tracer = group, payload_numel, tracer
+        self.device = device if device is not None else message_device(group)
+        self.open = set(workers)
+        self.posted: dict[int, p2p.Pending] = {}      # src -> its posted header receive
+        self.heads: dict[int, torch.Tensor] = {}      # src -> (5,) header it is received into
+        self.last = -1
+        for w in sorted(self.open):
+            self.expect(w)
+
+    def start(self) -> None:
+        """Nothing to start: `get` does the receiving (the same life cycle as `Receiver`)."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to wait for (the same life cycle as `Receiver`)."""
+
+    def expect(self, src: int) -> None:
+        """Post the receive of `src`'s next header, once nothing is owed to it."""
+        if src in self.open and src not in self.posted:
+            self.heads[src] = empty_header(self.device)
+            self.posted[src] = p2p.irecv(self.heads[src], src, self.group, self.tracer, name="header")
+
+    def get(self, timeout: float) -> tuple:
+        """The first complete (src, header dict, payload or None); queue.Empty after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ranks = sorted(self.posted)
+            for src in [r for r in ranks if r > self.last] + [r for r in ranks if r <= self.last]:
+                if self.posted[src].work.is_completed():
+                    return self._take(src)
+            if time.monotonic() >= deadline:
+                raise queue.Empty
+            time.sleep(POLL_S)
+
+    def _take(self, src: int) -> tuple:
+        pending, h = self.posted.pop(src), self.heads.pop(src)
+        self.last = src
+        try:
+            pending.work.wait()
+            pending.done = True
+            get_tracer(self.tracer).record("recv", NAMES.get(int(h[0]), "header"), pending.start, time.time(),
+                                           peer=src, nbytes=HEADER_BYTES)   # from posting to arrival
+            out = _rest_of_message(self, src, h)
+        except Exception as e:  # noqa: BLE001 - as Receiver: the server loop decides what it means
+            return None, e, None
+        if out[1]["kind"] == "push":
+            self.expect(src)        # its next message (pull or done) needs no answer first
+        return out
+
+    def close(self) -> None:
+        """A lost worker's header receive may still be posted: abort this run's group, or
+        nccl's watchdog would take the process down when that receive times out."""
+        if self.posted and self.group is not None and self.group is not dist.group.WORLD:
+            self.group.abort()
+        self.posted.clear()
 
 
 def traffic(events: list[dict], world_size: int | None = None) -> dict:

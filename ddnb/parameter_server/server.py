@@ -19,7 +19,10 @@ worker's clock (gradients received). `serve` is the loop, on the server's main t
       bsp: every live worker gets "stop", and this rank raises, naming the lost rank
 
 Replies go out from this thread while the Receiver waits on the same group: gloo allows a
-send on one thread while another waits in a receive. Taught in
+send on one thread while another waits in a receive. On a pure nccl group the messages
+live on this rank's GPU and the receiving is done by a `NamedReceiver` in this thread
+(nccl has no any-source receive; see `messages`); the parameters and the optimizer stay
+where the model put them. Taught in
 `notebooks/04_parameter_server.ipynb`.
 """
 from __future__ import annotations
@@ -32,8 +35,8 @@ import torch
 
 from ddnb.collectives import p2p
 from ddnb.parameter_server.consistency import bound, may_proceed
-from ddnb.parameter_server.messages import (PARAMS, STOP, ParameterServerError, Receiver, header,
-                                            send_message, wait_within)
+from ddnb.parameter_server.messages import (PARAMS, STOP, NamedReceiver, ParameterServerError, Receiver, header,
+                                            message_device, send_message, wait_within)
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -52,7 +55,7 @@ class Server:
 
     def apply(self, grad: torch.Tensor) -> None:
         """One optimizer step with `grad` (S_j,); the version goes up by one."""
-        self.params.grad = grad.reshape(-1).to(self.params.dtype)
+        self.params.grad = grad.reshape(-1).to(self.params.device, self.params.dtype)
         self.optimizer.step()
         self.params.grad = None
         self.version += 1
@@ -87,7 +90,9 @@ def serve(server: Server, mode: str, staleness: int, worker_timeout: float, grou
     tr, t0 = get_tracer(tracer), t0 or time.time()
     workers = sorted(server.clocks)
     limit = bound(mode, staleness)
-    rx = Receiver(group, server.params.numel(), workers, tracer)
+    device = message_device(group)
+    any_source = device.type == "cpu"      # gloo receives from any source; nccl names them
+    rx = (Receiver if any_source else NamedReceiver)(group, server.params.numel(), workers, tracer)
     rx.start()
     heard = {w: time.monotonic() for w in workers}
     waiting: set[int] = set()                 # workers whose pull we have not answered
@@ -134,7 +139,7 @@ def serve(server: Server, mode: str, staleness: int, worker_timeout: float, grou
             suspects = [w for w in live() if w not in waiting]
             deadline = min((heard[w] + worker_timeout for w in suspects), default=now + worker_timeout)
             try:
-                src, m, payload = rx.queue.get(timeout=max(0.0, deadline - now) + 1e-3)
+                src, m, payload = rx.get(timeout=max(0.0, deadline - now) + 1e-3)
             except queue.Empty:
                 src = m = None
             if isinstance(m, Exception):
@@ -167,11 +172,14 @@ def serve(server: Server, mode: str, staleness: int, worker_timeout: float, grou
                     waiting.discard(w)
                     send_message(PARAMS, w, group, tracer, payload=server.params, clock=server.clocks[w],
                                  version=server.version)
+                    rx.expect(w)                  # nothing owed to it now: listen for its push
                     heard[w] = time.monotonic()   # its silence counts from our answer
     except BaseException as e:
         lost_ranks = getattr(e, "ranks", None) or [-1]
         _stop(live(), lost_ranks[0], server.version, group, tracer, worker_timeout)
+        rx.close()
         raise
+    rx.close()
     if not lost:
         rx.join()
     elif len(lost) == len(workers):
@@ -185,7 +193,8 @@ def serve(server: Server, mode: str, staleness: int, worker_timeout: float, grou
 def _stop(workers, lost_rank, version, group, tracer, timeout) -> None:
     """Tell `workers` to stop (best effort: a worker that never listens again is not
     waited on for more than `timeout` s; this run's group is not used again)."""
-    sends = [p2p.isend(header(STOP, version=version, arg=lost_rank), w, group, tracer, name="stop")
+    device = message_device(group)
+    sends = [p2p.isend(header(STOP, version=version, arg=lost_rank, device=device), w, group, tracer, name="stop")
              for w in workers]
     for s in sends:
         try:

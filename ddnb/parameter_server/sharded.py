@@ -37,7 +37,7 @@ from torch import nn
 
 from ddnb.collectives import chunk_bounds, p2p
 from ddnb.models import flat_grads, flat_params, load_flat
-from ddnb.parameter_server.messages import ParameterServerError, wait_within
+from ddnb.parameter_server.messages import ParameterServerError, message_device, wait_within
 from ddnb.parameter_server.server import Server
 from ddnb.parameter_server.worker import worker_batch
 from ddnb.trace import get_tracer
@@ -170,13 +170,27 @@ def _wait(pendings, me: int, timeout: float) -> None:
                 f"without it", ranks=[p.peer]) from e
 
 
+def _swap(me: int, recv_into: dict, send_from: dict, group, tracer, name: str) -> list:
+    """Post, for each peer j, the receive into recv_into[j] and the send of send_from[j]:
+    the lower rank of a pair sends first, the higher receives first, so that nccl, which
+    runs a pair's messages in order on one stream, matches them (gloo takes any order)."""
+    posted = []
+    for j in sorted(recv_into):
+        ops = [lambda: p2p.isend(send_from[j], j, group, tracer, name=name),
+               lambda: p2p.irecv(recv_into[j], j, group, tracer, name=name)]
+        posted += [op() for op in (ops if me < j else ops[::-1])]
+    return posted
+
+
 def train_colocated(config, model, dataset, loss_fn, shards: list[Shard], server: Server, group, tracer=None,
                     t0: float | None = None) -> dict:
     """BSP where rank r is a worker and `server`, the server of shards[r] (see the module
-    docstring)."""
+    docstring). The messages live on the group's `message_device` (this rank's GPU on a
+    pure nccl group), the model and the server where they were built."""
     tr, t0 = get_tracer(tracer), t0 or time.time()
     n, me = p2p.group_size(group), p2p.group_rank(group)
     a, b = shards[me].start, shards[me].stop
+    device = message_device(group)
     flat = flat_params(model)                                            # (S,)
     stats = {"role": "colocated", "worker": me, "shard": me, "bounds": (a, b), "mode": "bsp",
              "start_version": server.version, "clocks": [], "versions": [], "losses": [], "times": [],
@@ -189,9 +203,12 @@ def train_colocated(config, model, dataset, loss_fn, shards: list[Shard], server
             return stats
         # pull = all-gather: my shard to every rank, every rank's shard into place
         flat[a:b] = server.params.detach()
-        posted = [p2p.irecv(flat[shards[j].start:shards[j].stop], j, group, tracer, name="params") for j in others]
-        posted += [p2p.isend(flat[a:b], j, group, tracer, name="params") for j in others]
+        wire = flat.to(device)                                           # (S,) flat itself on the host
+        posted = _swap(me, {j: wire[shards[j].start:shards[j].stop] for j in others},
+                       {j: wire[a:b] for j in others}, group, tracer, "params")
         _wait(posted, me, config.worker_timeout)
+        if wire is not flat:
+            flat.copy_(wire)
         clock = server.version
         load_flat(model, flat)
         x, y = worker_batch(dataset, me, n, config.batch_size, clock, config.seed)
@@ -204,10 +221,11 @@ def train_colocated(config, model, dataset, loss_fn, shards: list[Shard], server
             with tr.span("other", "straggler delay"):
                 time.sleep(config.straggler_delay)
         # push = reduce-scatter: gradient shard j to rank j, my shard of every gradient here
-        mine = torch.empty(n, b - a)                                     # (N, S_me)
+        grad = grad.to(device)                                           # (S,)
+        mine = torch.empty(n, b - a, device=device)                      # (N, S_me)
         mine[me] = grad[a:b]
-        posted = [p2p.irecv(mine[j], j, group, tracer, name="push") for j in others]
-        posted += [p2p.isend(grad[shards[j].start:shards[j].stop], j, group, tracer, name="push") for j in others]
+        posted = _swap(me, {j: mine[j] for j in others},
+                       {j: grad[shards[j].start:shards[j].stop] for j in others}, group, tracer, "push")
         _wait(posted, me, config.worker_timeout)
         with tr.span("compute", "update"):
             server.apply(mine.mean(0))

@@ -25,7 +25,7 @@ from ddnb.collectives import p2p
 from ddnb.data import batch, shard
 from ddnb.models import flat_grads, flat_params, load_flat
 from ddnb.parameter_server.messages import (DONE, PULL, PUSH, ParameterServerError, decode, empty_header,
-                                            send_message)
+                                            message_device, send_message)
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -46,7 +46,8 @@ def pull(flat: torch.Tensor, servers, bounds, group, tracer=None, clock: int = 0
     "params" headers (clock, version) in server order. Raises on a "stop"."""
     for srv in servers:
         send_message(PULL, srv, group, tracer, clock=clock)
-    heads = [empty_header() for _ in servers]
+    device = message_device(group)         # the host, or this rank's GPU on a pure nccl group
+    heads = [empty_header(device) for _ in servers]
     # post every header receive at once: a server that says "stop" is always heard
     posted = [p2p.irecv(h, srv, group, tracer, name="params") for h, srv in zip(heads, servers)]
     out = []
@@ -57,7 +58,12 @@ def pull(flat: torch.Tensor, servers, bounds, group, tracer=None, clock: int = 0
             who = f"worker rank {m['arg']} was lost" if m["arg"] >= 0 else "it failed"
             raise ParameterServerError(f"rank {p2p.group_rank(group)}: server rank {srv} stopped the training at "
                                        f"version {m['version']}: {who}", ranks=[m["arg"]])
-        p2p.recv(flat[a:b], srv, group, tracer, name="params")
+        if flat.device == device:
+            p2p.recv(flat[a:b], srv, group, tracer, name="params")
+        else:                              # through a buffer on the message device
+            buf = torch.empty(b - a, dtype=flat.dtype, device=device)   # (S_j,)
+            p2p.recv(buf, srv, group, tracer, name="params")
+            flat[a:b] = buf
         out.append(m)
     return out
 
