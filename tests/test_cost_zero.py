@@ -1,9 +1,10 @@
 """ddnb.cost.zero: the ZeRO paper's Figure 1 numbers (Ψ = 7.5 B, N = 64, K = 12:
 120 GB, 31.4 GB, 16.6 GB, 1.9 GB), the parts of each stage, the fp32 form that
-ddnb.sharding runs, and bad input refused with every value named."""
+ddnb.sharding runs, the bytes sent per step (stages 0, 1, 2 alike, stage 3 1.5x: Sec. 7.2),
+and bad input refused with every value named."""
 import pytest
 
-from ddnb.cost import zero_memory, zero_memory_parts
+from ddnb.cost import zero_comm_bytes, zero_memory, zero_memory_parts
 from ddnb.sharding import expected_state_bytes
 
 PSI, N = 7.5e9, 64
@@ -21,6 +22,18 @@ def test_exact_formulas():
     assert zero_memory(PSI, N, 3) == 16 * PSI / N
     assert zero_memory_parts(PSI, N, 2) == {"parameters": 2 * PSI, "gradients": 2 * PSI / N,
                                             "optimizer": 12 * PSI / N}
+
+
+def test_bytes_sent_stages_1_and_2_as_plain_data_parallel_stage_3_half_more():
+    all_reduce = 2 * 63 / 64 * 2 * PSI                             # fp16 gradients, ring, N = 64
+    assert [zero_comm_bytes(PSI, N, s) for s in range(4)] == [all_reduce] * 3 + [1.5 * all_reduce]
+    assert round(all_reduce / 1e9, 2) == 29.53
+    # fp32 (ddnb.sharding): f·4Ψ per reduce-scatter or all-gather
+    assert zero_comm_bytes(1000, 4, 1, param_bytes=4, grad_bytes=4) == 0.75 * 4000 * 2
+    assert zero_comm_bytes(1000, 4, 0, param_bytes=8, grad_bytes=4) == 0.75 * 4000 * 2   # stage 0 sends no params
+    assert zero_comm_bytes(PSI, 1, 3) == 0.0                        # one device sends nothing
+    with pytest.raises(ValueError, match=r"num_params=0.*stage=4"):
+        zero_comm_bytes(0, 8, 4)
 
 
 def test_stages_only_shrink_and_one_device_is_stage_0():

@@ -1,10 +1,13 @@
-"""ddnb.sharding: ZeRO stages 1, 2 and 3 train a GPT to the parameters of torch DDP (1e-5)
-after 10 Adam steps on 2 and 4 ranks, and so does torch FSDP2 (fully_shard); the bytes each
-rank holds (parameters, gradients, Adam moments) equal the fp32 formula exactly, padding
-included; stage 2 keeps no full gradient after backward; stage 3 holds one layer's full
-parameters at a time and frees them after forward and after backward (measured); the flat
-layout is views of one padded buffer; activation checkpointing gives the same gradients
-with fewer saved bytes; bad input raises ValueError before any collective.
+"""ddnb.sharding: ZeRO stages 1, 2 and 3 train a GPT to the parameters of torch DDP
+(1e-5) after 10 Adam steps on 2 and 4 ranks, and so does torch FSDP2 (fully_shard); the
+bytes each rank holds (parameters, gradients, Adam moments) equal the fp32 formula
+exactly, padding included; the bytes each rank sends per step are a ring all-reduce's of
+the (padded) flat buffers for stages 1 and 2 (a reduce-scatter and an all-gather: exactly
+DDP's traced bytes when nothing is padded) and 1.5x that for stage 3;
+stage 2 keeps no full gradient after backward; stage 3 holds one layer's full parameters
+at a time and frees them after forward and after backward (measured); the flat layout is
+views of one padded buffer; activation checkpointing gives the same gradients with fewer
+saved bytes; bad input raises ValueError before any collective.
 
 The model has odd sizes (d_model=30, vocab 15) so that layers do not divide by 4 and the
 padding of the flat shards is exercised. One World.run per world size trains all five
@@ -16,6 +19,7 @@ from torch import nn
 
 from ddnb.errors import WorkerError
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
+from ddnb.cost import zero_comm_bytes
 from ddnb.sharding import (FlatUnit, ZeroStage1, activation_cost, checkpoint_blocks, expected_state_bytes,
                            shard_numel)
 
@@ -59,6 +63,39 @@ def test_state_bytes_equal_the_fp32_formula(runs, stage):
     assert any(u % 4 for u in units)                               # padding is exercised on 4 ranks
     for rank in range(n):
         assert per_rank[rank][strategy]["memory"] == expected_state_bytes(units, n, stage)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bytes_sent_per_step_are_the_ring_formula(runs, stage):
+    n, per_rank = runs
+    units = per_rank[0]["ddp"]["unit_numels"]
+    padded = 4 * n * sum(shard_numel(u, n) for u in units)          # ZeRO's flat buffers, N·S each
+    f = (n - 1) / n                                                  # a ring phase sends (N-1)/N of the buffer
+    expected = [{"all_reduce": 2 * f * 4 * sum(units)},              # DDP: its buckets hold every gradient
+                {"reduce_scatter": f * padded, "all_gather": f * padded},
+                {"reduce_scatter": f * padded, "all_gather": f * padded},
+                {"reduce_scatter": f * padded, "all_gather": 2 * f * padded}][stage]
+    for rank in range(n):
+        sent = per_rank[rank]["ddp" if stage == 0 else f"zero{stage}"]["sent_bytes"]
+        assert sent == pytest.approx(expected, rel=1e-12)
+        assert sum(sent.values()) == pytest.approx(zero_comm_bytes(padded // 4 if stage else sum(units), n, stage,
+                                                                   param_bytes=4, grad_bytes=4), rel=1e-12)
+
+
+def _sent_bytes(cfg):
+    from ddnb.sharding import train_gpt
+
+    return {s: train_gpt(s, cfg, steps=2, batch_size=8)["sent_bytes"] for s in ("ddp", "zero1", "zero2", "zero3")}
+
+
+def test_stages_1_and_2_send_exactly_what_ddp_sends(world):
+    cfg = GPTConfig(n_layers=2)              # layers of 1024, 12704, 12704, 576 parameters: no padding on 4 ranks
+    psi = sum(p.numel() for p in gpt(cfg).parameters())
+    for sent in world(4).run(_sent_bytes, cfg):
+        ddp = sent["ddp"]["all_reduce"]                              # traced in DDP's comm hook
+        assert ddp == 2 * 3 / 4 * 4 * psi == 162048
+        assert sum(sent["zero1"].values()) == sum(sent["zero2"].values()) == ddp
+        assert sum(sent["zero3"].values()) == 1.5 * ddp
 
 
 def test_stage3_peak_is_one_layer(runs):

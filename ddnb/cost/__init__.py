@@ -6,7 +6,8 @@ leaves out on shared cores (pair_exchange).
 `pipeline`: the bubble (p-1)/(m+p-1), step time and activation memory of pipeline
 schedules (Huang et al. 2019; Narayanan et al. 2021).
 `model_parallel`: bytes a naive layer split sends per step, and its per-rank idle time.
-`zero`: bytes of model states per device under ZeRO stages 0-3 (Rajbhandari et al. 2020).
+`zero`: bytes of model states per device, and bytes sent per step, under ZeRO stages 0-3
+(Rajbhandari et al. 2020).
 `scaling`: the predicted step time of data parallelism from 8 to thousands of workers
 (parameter servers, tree, ring, halving-doubling, hierarchical and 2D-torus all-reduce).
 `transformer`: parameters of a GPT, training FLOPs 6·N·D, MFU, days of training (Kaplan et al. 2020).
@@ -23,7 +24,7 @@ from ddnb.cost.scaling import (NETWORKS, STEP_ALGORITHMS, Network, communication
                                network, parameter_server_time, step_time, torus2d_allreduce_time)
 from ddnb.cost.transformer import (flops_per_token, model_flops_utilization, training_days, training_flops,
                                    transformer_params)
-from ddnb.cost.zero import zero_memory, zero_memory_parts
+from ddnb.cost.zero import zero_comm_bytes, zero_memory, zero_memory_parts
 
 __all__ = [
     # alpha_beta
@@ -37,7 +38,7 @@ __all__ = [
     "NETWORKS", "STEP_ALGORITHMS", "Network", "communication_time", "hierarchical_allreduce_time", "network",
     "parameter_server_time", "step_time", "torus2d_allreduce_time",
     # zero, memory_model, transformer
-    "zero_memory", "zero_memory_parts",
+    "zero_comm_bytes", "zero_memory", "zero_memory_parts",
     "dataset_bytes", "max_params", "token_bytes", "training_memory",
     "flops_per_token", "model_flops_utilization", "training_days", "training_flops", "transformer_params",
 ]

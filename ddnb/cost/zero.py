@@ -1,4 +1,5 @@
-"""Bytes of model states per device under ZeRO, stage 0 (plain data parallel) to 3.
+"""Bytes of model states per device, and bytes each sends per step, under ZeRO, stage 0
+(plain data parallel) to 3.
 
 Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", Sec. 3.1 and Sec. 5 (Figure 1). With mixed-precision Adam each of the Ψ
@@ -14,10 +15,16 @@ devices:
 The paper's example, Ψ = 7.5 B, N = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
 `param_bytes` and `grad_bytes` generalize the 2 and 2: plain fp32 Adam (what
 `ddnb.sharding` runs on CPU) is param_bytes=4, grad_bytes=4, k=8 (momentum and variance).
-Taught in `notebooks/11_memory_sharding.ipynb`.
+
+`zero_comm_bytes` is the traffic (Sec. 7.2): bytes one device sends per step with ring
+collectives, (N-1)/N of the buffer per reduce-scatter or all-gather, twice that per
+all-reduce. Stage 0 all-reduces the gradients; stages 1 and 2 reduce-scatter them and
+all-gather the updated parameters, the same 2(N-1)/N·Ψ; stage 3 all-gathers the parameters
+twice (forward and backward), 1.5x. Taught in `notebooks/11_memory_sharding.ipynb`.
 
     zero_memory(7.5e9, 64, stage=3)              # 1.875e9 bytes
     zero_memory_parts(7.5e9, 64, stage=1)        # {"parameters": 1.5e10, "gradients": 1.5e10, "optimizer": 1.41e9}
+    zero_comm_bytes(7.5e9, 64, stage=1)          # 2.95e10 bytes sent per device per step, as stage 0
 """
 from __future__ import annotations
 
@@ -62,3 +69,20 @@ def zero_memory(num_params, world_size: int, stage: int, k: float = 12, param_by
     (2 + 2 + K)Ψ/N (Rajbhandari et al. 2020, Sec. 5, Figure 1). Activations, temporary
     buffers and fragmentation (the paper's "residual states", Sec. 3.2) are not included."""
     return sum(zero_memory_parts(num_params, world_size, stage, k, param_bytes, grad_bytes).values())
+
+
+def zero_comm_bytes(num_params, world_size: int, stage: int, param_bytes: float = 2, grad_bytes: float = 2) -> float:
+    """Bytes one device sends per training step under ZeRO `stage` with ring collectives
+    (Rajbhandari et al. 2020, Sec. 7.2; the ring: Patarasuk & Yuan 2009), f = (N-1)/N:
+
+        stage 0       all-reduce of the gradients                      2 f Ψ grad_bytes
+        stages 1, 2   reduce-scatter gradients, all-gather parameters  f Ψ (grad_bytes + param_bytes)
+        stage 3       + a second all-gather (forward and backward)     f Ψ (grad_bytes + 2 param_bytes)
+
+    The paper writes f ≈ 1 (2Ψ, 2Ψ, 3Ψ elements). ddnb's flat buffers are padded to a
+    multiple of N (`ddnb.sharding.flat`): pass their padded size N·S to get its count exactly."""
+    _validate(num_params, world_size, stage, 0, param_bytes, grad_bytes)
+    f = (world_size - 1) / world_size
+    if stage == 0:
+        return 2 * f * num_params * grad_bytes
+    return f * num_params * (grad_bytes + (2 if stage == 3 else 1) * param_bytes)

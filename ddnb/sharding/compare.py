@@ -5,7 +5,9 @@ same global batches (`ddnb.models.synthetic_task`), each rank its 1/N of the row
 runs Adam; so after any number of steps all of them must hold the same parameters, up
 to float rounding (the order of the sums differs). `train_gpt` runs one of them on every
 rank of a group and returns the losses, the final parameters and the bytes this rank
-held after its last step. `expected_state_bytes` is what ddnb's ZeRO *should* hold, to
+held after its last step, and the bytes it sent per step (`sent_bytes`: counted in each
+ZeRO engine's collectives, and for DDP in a comm hook around its own bucket all-reduce).
+`expected_state_bytes` is what ddnb's ZeRO *should* hold, to
 the byte: the formula of Rajbhandari et al. 2020, Sec. 5 (Figure 1) in fp32 (4-byte
 parameters and gradients, K = 8 for Adam's two moments) with each layer padded to a
 multiple of N (`ddnb.sharding.flat`). Taught in `notebooks/11_memory_sharding.ipynb`.
@@ -21,7 +23,7 @@ import torch.distributed as dist
 from ddnb.memory import tensor_bytes
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.sharding.flat import shard_numel
-from ddnb.sharding.zero1 import ZeroStage1, adam_state_bytes, validate_adam
+from ddnb.sharding.zero1 import ZeroStage1, adam_state_bytes, ring_bytes_sent, validate_adam
 from ddnb.sharding.zero2 import ZeroStage2
 from ddnb.sharding.zero3 import ZeroStage3
 
@@ -68,6 +70,19 @@ def fsdp2_memory(model, optimizer) -> dict:
                                       if key != "step" and torch.is_tensor(v))}
 
 
+def counted_allreduce_hook(state, bucket):   # no annotations: DDP checks them, and here they are strings
+    """A DDP comm hook (bucket: dist.GradBucket -> Future[Tensor]): torch's own
+    `allreduce_hook` (divide by N, sum; DDP's result unchanged) on one gradient bucket,
+    adding the bytes this rank sends on a ring to state = (group, sent)'s sent["all_reduce"]."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    group, sent = state
+    buf = bucket.buffer()                                               # (numel,) the bucket
+    sent["all_reduce"] += ring_bytes_sent("all_reduce", buf.numel() * buf.element_size(),
+                                          dist.get_world_size(group))
+    return allreduce_hook(group, bucket)
+
+
 def validate_run(strategy, batch_size, world_size, steps) -> None:
     bad = []
     if strategy not in STRATEGIES:
@@ -87,7 +102,9 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
     "zero2", "zero3" or "fsdp2"), on every rank of `group`. Returns {"strategy", "losses"
     (the global-batch mean loss per step), "params" (all parameters (Ψ,) after training,
     model order), "memory" (bytes this rank held after the last step, before zero_grad),
-    "num_params", "unit_numels"} and, for zero3, "peak_full_param_bytes".
+    "num_params", "unit_numels", "sent_bytes" (bytes this rank sent per step, by collective,
+    as a ring sends them: `ddnb.sharding.ring_bytes_sent`; not counted for fsdp2)} and, for
+    zero3, "peak_full_param_bytes".
 
     A caution when comparing strategies: attention's key bias gets a gradient that is zero
     in exact arithmetic (softmax is unchanged by adding q·b_k to every score of a row), so
@@ -107,6 +124,8 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         engine = DDP(model, process_group=group)
+        sent = {"all_reduce": 0.0}
+        engine.register_comm_hook((group, sent), counted_allreduce_hook)
         opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps, foreach=False)
     elif strategy == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -119,7 +138,7 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
         opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps, foreach=False)
     else:
         engine = ZERO[strategy](model, lr=lr, eps=eps, group=group)
-        opt = engine
+        opt, sent = engine, engine.sent_bytes
     losses = []
     for step, (x, y) in enumerate(batches):
         loss = lm_loss(engine(x), y)
@@ -146,6 +165,8 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
         params = engine.full_parameters()
     out = {"strategy": strategy, "losses": losses, "params": params, "memory": memory,
            "num_params": sum(unit_numels), "unit_numels": unit_numels}
+    if strategy != "fsdp2":
+        out["sent_bytes"] = {k: v / steps for k, v in sent.items()}
     if strategy == "zero3":
         out["peak_full_param_bytes"] = engine.peak_full_param_bytes
     return out

@@ -7,14 +7,22 @@ updated parameters. Per rank: (2 + 2)Ψ + KΨ/N bytes instead of (2 + 2 + K)Ψ.
 
 The step, per unit (layer) u, laid out by `ddnb.sharding.flat.FlatUnit`:
 
-    g_u  = all_reduce(flat grad_u) / N        (N·S,)  every rank: the data-parallel mean
-    Adam on shard_u = flat_u[r·S:(r+1)·S]     (S,)    with only this shard's grad and state
-    flat_u = all_gather(shard_u from each r)  (N·S,)  every rank: the updated layer
+    g_r  = reduce_scatter(flat grad_u) / N    (N·S,) -> (S,)  my slice of the data-parallel mean
+    Adam on shard_u = flat_u[r·S:(r+1)·S]     (S,)            with only this shard's grad and state
+    flat_u = all_gather(shard_u from each r)  (S,) -> (N·S,)  every rank: the updated layer
 
-This is the naive form: it all-reduces the *whole* gradient though it uses only 1/N of
-it. The paper's point (Sec. 5.2) is that an all-reduce is a reduce-scatter followed by an
-all-gather, so stage 2 (`zero2.py`) keeps only the reduce-scatter and the same
-communication volume buys a gradient shard instead of a full copy.
+An all-reduce is a reduce-scatter followed by an all-gather (the ring does exactly these
+two phases). Rank r reads only its slice of the mean gradient, so it stops after the
+reduce-scatter, and the all-gather it skips is replaced by the all-gather of the updated
+parameters: per rank (N-1)/N·Ψ sent in each, 2(N-1)/N·Ψ in all, the same as plain data
+parallelism's all-reduce (Sec. 7.2.1: "P_os ... incur no additional communication").
+All-reducing the whole gradient and then all-gathering would send 3(N-1)/N·Ψ, 1.5x.
+The full gradient buffer still exists here (each rank's own, unreduced, outside its
+slice): freeing it as backward goes is stage 2 (`zero2.py`).
+
+Every collective is recorded in `tracer` ("collective" events, `nbytes` = the flat
+buffer's bytes N·S·4, `sent` = what this rank sends on a ring) and summed, per kind, in
+`sent_bytes` (`ring_bytes_sent`); `ddnb.cost.zero_comm_bytes` is the formula it equals.
 
 fp32 on CPU here (ddnb's clusters are gloo): parameters and gradients take 4 bytes and
 Adam's state 8 (K = 8), not the paper's fp16 2 + 2 with fp32 K = 12; `memory()` counts
@@ -23,17 +31,34 @@ what this rank really holds. Taught in `notebooks/11_memory_sharding.ipynb`.
     engine = ZeroStage1(model, lr=1e-3)      # model replicated on every rank (same seed)
     loss = lm_loss(engine(idx), targets)     # idx: this rank's part of the batch
     loss.backward()
-    engine.step()                            # average grads, Adam on my shard, all-gather
+    engine.step()                            # reduce-scatter grads, Adam on my shard, all-gather
     engine.zero_grad()
+    engine.sent_bytes                        # {"reduce_scatter": ..., "all_gather": ...} so far
 """
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb.cost.alpha_beta import allreduce_bytes_per_rank
 from ddnb.memory import tensor_bytes
 from ddnb.sharding.flat import FlatUnit, check_units, default_units
+from ddnb.trace import Tracer, get_tracer
+
+RING_PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}   # phases of (N-1) chunks of S each
+
+
+def ring_bytes_sent(collective: str, nbytes: float, world_size: int) -> float:
+    """Bytes one rank sends in `collective` ("all_reduce", "reduce_scatter", "all_gather")
+    over a buffer of `nbytes` (the full (N·S,) tensor) on a ring (Patarasuk & Yuan 2009):
+    (N-1)/N·nbytes per phase; an all-reduce is two phases, a reduce-scatter or an all-gather
+    one (ZeRO Sec. 7.1). What gloo's own algorithm sends on the wire may differ."""
+    if collective not in RING_PHASES:
+        raise ValueError(f"collective={collective!r} is not one of {list(RING_PHASES)}")
+    return allreduce_bytes_per_rank("ring", nbytes, world_size)[0] * RING_PHASES[collective] / 2
 
 
 def validate_adam(lr, betas, eps) -> None:
@@ -57,17 +82,19 @@ def adam_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 class ZeroStage1(nn.Module):
     """ZeRO stage 1 around `module` (its parameters replicated on every rank). `units`:
-    the layers each laid out flat (default: the module's top-level children)."""
+    the layers each laid out flat (default: the module's top-level children). `tracer`
+    records the collectives (default: the process's `ddnb.trace.get_tracer()`)."""
 
     stage = 1
 
     def __init__(self, module: nn.Module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 group=None, units: list[nn.Module] | None = None):
+                 group=None, units: list[nn.Module] | None = None, tracer: Tracer | None = None):
         super().__init__()
         validate_adam(lr, betas, eps)
         units = default_units(module) if units is None else list(units)
         check_units(module, units)                       # all before any collective
-        self.module, self.group = module, group
+        self.module, self.group, self.tracer = module, group, tracer
+        self.sent_bytes = {"reduce_scatter": 0.0, "all_gather": 0.0}   # this rank, on a ring, since start
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         names = {id(m): n for n, m in module.named_modules()}
         self.units = [FlatUnit(m, self.world_size, self.rank, names.get(id(m), f"unit{i}"))
@@ -91,22 +118,43 @@ class ZeroStage1(nn.Module):
     @torch.no_grad()
     def _reduce_gradients(self) -> None:
         for u, g, shard in zip(self.units, self.flat_grads, self.shards):
-            dist.all_reduce(g, group=self.group)             # Σ_r grad_r, all N·S of it
-            g.div_(self.world_size)                          # the data-parallel mean
-            shard.grad = u.my_shard(g)                       # Adam reads only my slice
+            mine = u.my_shard(g)                             # (S,) a view of my slice of g
+            shard.grad = mine.copy_(self._reduce_scatter(u, g))   # Adam reads only my slice
 
     @torch.no_grad()
     def _gather_parameters(self) -> None:
         for u, shard in zip(self.units, self.shards):
-            u.gather_full(shard.detach().clone(), self.group)  # clone: input may not alias output
+            self._all_gather(u, shard.detach().clone())     # clone: input may not alias output
+
+    # --- the two collectives, counted (Sec. 7.2.1) -----------------------------------------
+    def _reduce_scatter(self, u: FlatUnit, g: torch.Tensor) -> torch.Tensor:
+        """g (N·S,): this rank's gradient of unit u -> (S,) the mean over ranks of my slice."""
+        mine = torch.empty(u.shard_numel, dtype=g.dtype, device=g.device)   # (S,)
+        start = time.time()
+        dist.reduce_scatter_single(mine, g, group=self.group)          # Σ_r my slice of grad_r
+        self._count("reduce_scatter", u, g, start)
+        return mine.div_(self.world_size)                              # the data-parallel mean
+
+    def _all_gather(self, u: FlatUnit, shard: torch.Tensor) -> None:
+        """Every rank's (S,) shard of unit u -> its full flat parameters (N·S,)."""
+        start = time.time()
+        u.gather_full(shard, self.group)
+        self._count("all_gather", u, u.flat, start)
+
+    def _count(self, collective: str, u: FlatUnit, full: torch.Tensor, start: float) -> None:
+        nbytes = full.numel() * full.element_size()                    # the (N·S,) buffer
+        sent = ring_bytes_sent(collective, nbytes, self.world_size)
+        self.sent_bytes[collective] += sent
+        get_tracer(self.tracer).record("collective", f"{collective} {u.name}", start, time.time(),
+                                       nbytes=nbytes, sent=sent, unit=u.name, stage=self.stage)
 
     # --- the training API -----------------------------------------------------------------
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def step(self) -> None:
-        """After backward: reduce the gradients, Adam on this rank's shards, then give every
-        rank the updated parameters."""
+        """After backward: reduce-scatter the gradients (each rank gets the mean of its
+        shard), Adam on this rank's shards, then all-gather the updated parameters."""
         self._reduce_gradients()
         self.optimizer.step()
         self._gather_parameters()

@@ -1,17 +1,19 @@
 """ZeRO stage 2 (P_os+g): also keep only this rank's 1/N of the gradients.
 
 Rajbhandari et al. 2020, "ZeRO", Sec. 5.2: rank r's Adam needs the averaged gradient of
-its own shard only, so instead of all-reducing the full gradient (stage 1, `zero1.py`)
-each layer's gradient is *reduce-scattered* as soon as backward has produced it, and the
-full gradient is freed at once. The paper's "bucketization" does this per bucket during
-backward; here a bucket is one unit (layer), triggered when the last of its parameters'
-gradients is accumulated (`Tensor.register_post_accumulate_grad_hook`).
+its own shard only. Stage 1 (`zero1.py`) already reduce-scatters, but only at the step,
+with every layer's full gradient kept until then; here each layer's gradient is
+reduce-scattered as soon as backward has produced it, and the full gradient is freed at
+once. The paper's "bucketization" does this per bucket during backward; here a bucket is
+one unit (layer), triggered when the last of its parameters' gradients is accumulated
+(`Tensor.register_post_accumulate_grad_hook`).
 
     backward reaches layer u:  g_u (N·S,) -> reduce_scatter -> my (S,) / N; free g_u
     step:                      Adam on my shards, then all_gather the parameters (as stage 1)
 
-Communication: a reduce-scatter plus an all-gather is exactly one ring all-reduce's
-volume (2(N-1)/N · Ψ per rank, Sec. 7.2.1), so stage 2 saves memory at no extra traffic.
+Communication: the same collectives as stage 1, a reduce-scatter plus an all-gather,
+exactly one ring all-reduce's volume (2(N-1)/N · Ψ per rank, Sec. 7.2.1, counted in
+`sent_bytes`), so stage 2 saves memory at no extra traffic.
 Per rank at rest: 2Ψ + (2 + K)Ψ/N bytes with mixed precision; fp32 here: 4Ψ + (4 + 8)Ψ/N.
 Only one layer's full gradient exists at a time during backward (two while one is being
 reduced). One backward per step: the shard gradient is overwritten, not accumulated.
@@ -20,7 +22,6 @@ Taught in `notebooks/11_memory_sharding.ipynb`.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ddnb.memory import tensor_bytes
 from ddnb.sharding.flat import FlatUnit
@@ -62,9 +63,7 @@ class ZeroStage2(ZeroStage1):
         u: FlatUnit = self.units[i]
         self.peak_full_grad_bytes = max(self.peak_full_grad_bytes, self._full_grad_bytes())
         g = u.flat_grad()                                              # (N·S,)
-        mine = torch.empty(u.shard_numel, dtype=g.dtype, device=g.device)   # (S,)
-        dist.reduce_scatter_single(mine, g, group=self.group)          # Σ_r my slice of grad_r
-        self.shards[i].grad = mine.div_(self.world_size)
+        self.shards[i].grad = self._reduce_scatter(u, g)               # (S,) the mean of my slice
         for p in u.params:
             p.grad = None                                              # the full gradient is gone
         self._reduced[i] = True

@@ -13,7 +13,8 @@ ranks broadcast the rest when needed; here that is one all-gather of the layer's
 Per rank at rest: (2 + 2 + K)Ψ/N bytes; fp32 here: 16Ψ/N. During the step the full
 parameters of about one layer are alive at a time (`peak_full_param_bytes` measures it).
 Communication: 1.5x a plain all-reduce (Sec. 7.2.2): two all-gathers and one
-reduce-scatter of Ψ per step. Freeing is `untyped_storage().resize_(0)` on the flat
+reduce-scatter of Ψ per step, 3(N-1)/N·Ψ per rank on a ring (`sent_bytes`; the gathers of
+`full_parameters`, an inspection, are not counted). Freeing is `untyped_storage().resize_(0)` on the flat
 buffer (the layer's parameters stay as views, as in torch FSDP v1); autograd's saved
 copies of the weights are those views, which are valid again once re-gathered.
 Taught in `notebooks/11_memory_sharding.ipynb`.
@@ -48,7 +49,7 @@ class ZeroStage3(ZeroStage2):
     def _gather(self, i: int) -> None:
         u = self.units[i]
         if u.full_bytes() == 0:
-            u.gather_full(self.shards[i], self.group)
+            self._all_gather(u, self.shards[i])
             self.gathers += 1
             self.peak_full_param_bytes = max(self.peak_full_param_bytes, self.full_param_bytes())
 
