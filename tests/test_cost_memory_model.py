@@ -1,6 +1,6 @@
 """ddnb.cost.memory_model: each part of training_memory by hand, the Korthikanti formula,
-the formula against the memory of a real ddnb GPT measured by ddnb.memory (within 10%),
-storage, and validation."""
+the formula against the memory of a real ddnb GPT measured by ddnb.memory (never above it,
+and within 3%: measured 0 to 2.4% below), storage, and validation."""
 import pytest
 import torch
 
@@ -55,7 +55,7 @@ def test_gpt3_on_one_device():
 
 @pytest.mark.parametrize("kw, batch", [({}, 32), (dict(vocab_size=64, seq_len=32, d_model=64, n_layers=2), 8),
                                        (dict(vocab_size=16, seq_len=32, d_model=16, n_heads=2, n_layers=3), 4)])
-def test_formula_within_10_percent_of_measured_gpt(kw, batch):
+def test_formula_within_3_percent_below_measured_gpt(kw, batch):
     cfg = GPTConfig(**kw)
     model = gpt(cfg, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -67,9 +67,12 @@ def test_formula_within_10_percent_of_measured_gpt(kw, batch):
     formula = training_memory(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size, cfg.seq_len, batch,
                               precision="fp32", optimizer="adam", tied_embeddings=False, dropout=False)
     assert formula["parameters"] == measured["parameters"] and formula["gradients"] == measured["gradients"]
+    # measured (torch 2.13): the formula is below by 0.01-0.19% (optimizer: Adam's step
+    # counters) and 0.65-2.38% (activations: small saved tensors it leaves out), 0.39-1.81%
+    # in total; 3% leaves a margin of 0.6 points
     for part in formula:
-        assert formula[part] == pytest.approx(measured[part], rel=0.10), part
-    assert sum(formula.values()) == pytest.approx(sum(measured.values()), rel=0.10)
+        assert 0.97 * measured[part] <= formula[part] <= measured[part], (part, formula[part], measured[part])
+    assert 0.97 * sum(measured.values()) <= sum(formula.values()) <= sum(measured.values())
 
 
 def test_storage():

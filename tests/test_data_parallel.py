@@ -220,8 +220,17 @@ def test_gradient_norms_differ_before_sync_and_agree_after(world, strategy):
         assert set(per_step.values()) <= {1, 3} and per_step[(1, 2, "collective")] == 3
         for e in events:
             assert e["end"] >= e["start"]
+        for rank, step in {(e["rank"], e["step"]) for e in events}:
+            bw_end = next(e["end"] for e in events if (e["rank"], e["step"], e["name"]) == (rank, step, "backward"))
+            launched = {e["bucket"]: e["start"] for e in events
+                        if (e["rank"], e["step"], e["kind"]) == (rank, step, "collective")}
+            assert sorted(launched) == [0, 1, 2]
+            # overlap: bucket 0 (the last layer's) is launched while backward still computes the
+            # earlier layers' gradients, and every bucket by the end of backward
+            assert launched[0] < launched[2] <= bw_end and launched[0] < bw_end, (rank, step, launched, bw_end)
         stats = overlap_stats(events)
-        assert stats["steps"] == 6 and stats["comm"] > 0 and 0 <= stats["fraction"] <= 1
+        assert stats["steps"] == stats["launched_in_backward"] == 6 and stats["comm"] > 0
+        assert 0 < stats["fraction"] <= 1 and stats["overlapped"] > 0
         ax = plot_bucket_timeline(events)
         assert len(ax.get_yticklabels()) == 4
         import matplotlib.pyplot as plt
