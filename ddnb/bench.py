@@ -5,8 +5,14 @@
 
 `allreduce` times ddnb's from-scratch all-reduces (ring, tree, naive, halving_doubling),
 torch.distributed's and Horovod's on a `ddnb.testing.World` of `--workers` gloo
-processes, for each size. Per (size, algorithm) it reports the time (the slowest rank's
-mean over ~--seconds of calls, the median of --repeats such windows), the algorithm bandwidth algbw = size / time, and the bus bandwidth
+processes, for each size. Per (size, algorithm) it reports the time of one call: doubling
+probes (1, 2, 4, ... calls) find a call count k that makes --repeats windows last about
+--seconds *together* (each window ~--seconds / --repeats; k at most 10,000); each window
+is one warm-up call, a barrier, then k back-to-back calls on the same tensor timed on each
+rank's own clock from its barrier exit to its last call's return; the window's time is the
+slowest rank's mean (elapsed / k, `ddnb.timing.time_collective`), and the reported time is
+the median window (the upper middle one for an even --repeats). Also the algorithm
+bandwidth algbw = size / time, and the bus bandwidth
 busbw = algbw * 2(N-1)/N (nccl-tests' definition, doc/PERFORMANCE.md: the bytes each
 rank's link carries in an optimal all-reduce, so busbw is comparable with the link's own
 bandwidth whatever N is). The point-to-point bandwidth between ranks 0 and 1 (ping-pong at

@@ -33,6 +33,10 @@ def test_models_have_the_advertised_shapes():
     assert sum(1 for _ in small.parameters()) == 80 and sum(1 for _ in large.parameters()) == 6
     assert sum(p.numel() for p in large.parameters()) == 3 * (2048 * 2048 + 2048)
     assert MODELS == {"many_small": (128, 40), "few_large": (2048, 3)}
+    flops = [sum(2 * m.in_features * m.out_features for m in model if hasattr(m, "in_features"))
+             for model in (small, large)]
+    assert flops == [1_310_720, 25_165_824]          # the docstring's 1.3 and 25.2 MFLOP forward per sample
+    assert round(flops[1] / flops[0], 1) == 19.2
     with pytest.raises(ValueError, match="model 'medium' is not one of"):
         bench_model("medium")
 

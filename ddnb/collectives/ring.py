@@ -150,16 +150,15 @@ def ring_allreduce(tensor: torch.Tensor, op="sum", group=None, tracer: Tracer | 
     it. op and check as `naive_allreduce`; segment_bytes: the pipeline segment (every rank
     must pass the same); depth: reduce-scatter receives in flight.
 
-    Measured against torch.distributed's gloo all_reduce (itself a pipelined ring, 1 MiB
-    segments, in C++), 4 gloo ranks on 2 shared cores, float32, check=False,
-    `python -m ddnb.bench allreduce --workers 4 --sizes 1MB,16MB,64MB --algorithms ring,torch`:
-    busbw 0.92-0.97x torch's at 16 MiB, 0.97-1.03x at 64 MiB, 0.8-0.97x at 1 MiB. Both
-    spend their CPU time in the kernel's TCP copies, then in the ⊕. Each message costs
-    this Python version about 0.1-0.5 ms more than gloo's C++ loop (posting, waking up to
-    forward), so fewer, larger segments win here: 4 MiB segments beat 1 and 2 MiB at
-    16 and 64 MiB, and a whole chunk per message (no pipelining) loses 17% at 64 MiB.
-    At 16 MiB and 4 ranks a chunk is one segment, so the ⊕ is not overlapped; that and
-    the per-message cost are the gap to gloo."""
+    To compare it with torch.distributed's gloo all_reduce (itself a pipelined ring, 1 MiB
+    segments, in C++) on your machine, run
+    `python -m ddnb.bench allreduce --workers 4 --sizes 1MB,16MB,64MB --algorithms ring,torch`
+    and read the `ratio_vs_torch` column (notebook 05 shows a stored run). Both spend their
+    CPU time in the kernel's TCP copies, then in the ⊕. Each message costs this Python
+    version more than gloo's C++ loop (posting, waking up to forward), so fewer, larger
+    segments pay off here: SEGMENT_BYTES = 4 MiB was the best of 1, 2 and 4 MiB when it was
+    chosen. At 16 MiB and 4 ranks a chunk is one 4 MiB segment, so the ⊕ is not overlapped
+    with the transfer; that and the per-message cost are where it loses time to gloo."""
     op = prepare(tensor, op, group, tracer, check, what="ring_allreduce", segment_bytes=segment_bytes, depth=depth)
     rank, n = group_rank(group), group_size(group)
     if n == 1 or tensor.numel() == 0:
