@@ -149,19 +149,26 @@ def rank_gamma(size: int) -> float:
     return measure_gamma(size, iters=10)
 
 
+def world_threads(world) -> int:
+    """The intra-op threads the ranks of `world` run with (the most any rank has):
+    `ddnb.worker_env.threads_for`, cores / ranks on the host unless overridden."""
+    return max(world.run(lambda: __import__("torch").get_num_threads()))
+
+
 # ---------------------------------------------------------------- benchmarks -> rows
 def allreduce_rows(world, sizes, algorithms=FROM_SCRATCH + ("torch",), target_seconds: float = 0.3,
                    repeats: int = 3, log=None) -> list[dict]:
     """One row per (size, algorithm): size (bytes), workers, algorithm, time (s, the
     slowest rank's mean, median of `repeats` windows; see `rank_allreduce`), iters, algbw
-    and busbw (GB/s), ratio_vs_torch (busbw / torch's busbw at that size; None without torch)."""
-    rows, n = [], world.n
+    and busbw (GB/s), threads (the ranks' intra-op threads, `world_threads`), ratio_vs_torch
+    (busbw / torch's busbw at that size; None without torch)."""
+    rows, n, threads = [], world.n, world_threads(world)
     for size in sizes:
         for algorithm in algorithms:
             t, iters = world.run(rank_allreduce, algorithm, size, target_seconds, repeats)[0]
             algbw = size / t / GB
             rows.append({"size": size, "workers": n, "algorithm": algorithm, "time": t, "iters": iters,
-                         "algbw": algbw, "busbw": algbw * busbw_factor(n)})
+                         "algbw": algbw, "busbw": algbw * busbw_factor(n), "threads": threads})
             if log:
                 log(f"{format_size(size):>6} {algorithm:<16} {t * 1e3:9.3f} ms  ({iters} iters)")
     return _add_ratios(rows)
@@ -326,7 +333,8 @@ def _cmd_allreduce(parser, args) -> int:
     rows, model = allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
                                       fit=args.fit, timeout=args.timeout, log=log)
     link = model["link"]
-    print(f"done; {_load()} (other processes on these cores slow every measurement)", file=out)
+    print(f"done; {_load()} (other processes on these cores slow every measurement); "
+          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
     print(f"point-to-point link, ping-pong ranks 0<->1 at {format_size(link['size'])}: "
           f"{link['bw']:.3f} GB/s one way ({_format_time(link['time'])}) = the busbw ceiling", file=out)
     for pattern, (alpha, beta) in model.get("alpha_beta", {}).items():
@@ -433,7 +441,8 @@ def _cmd_dp(parser, args) -> int:
           f"all-reduce; {_load()}", file=out, flush=True)
     rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
                         args.bucket_mb, args.allreduce, timeout=args.timeout, log=log)
-    print(f"done; {_load()} (other processes on these cores slow every measurement)", file=out)
+    print(f"done; {_load()} (other processes on these cores slow every measurement); "
+          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -148,12 +148,15 @@ def dp_rows(world, models=tuple(MODELS), strategies=STRATEGIES, batch: int = 32,
             warmup: int = 3, rounds: int = 4, bucket_mb: float = 25.0, allreduce: str = "torch",
             width: int | None = None, layers: int | None = None, log=None) -> list[dict]:
     """Rows {model, strategy, workers, batch, step_time, steps, param_bytes, overlap,
-    comm_time}, one per (model, strategy), measured on `world` (see `rank_dp`)."""
-    rows = []
+    comm_time, threads}, one per (model, strategy), measured on `world` (see `rank_dp`;
+    threads: the ranks' intra-op threads, `ddnb.bench.world_threads`)."""
+    from ddnb.bench import world_threads
+
+    rows, threads = [], world_threads(world)
     for m in models:
         got = world.run(rank_dp, m, list(strategies), batch=batch, steps=steps, warmup=warmup, rounds=rounds,
                         bucket_mb=bucket_mb, allreduce=allreduce, width=width, layers=layers)[0]
-        rows += _rows(m, got, world.n, batch)
+        rows += [dict(r, threads=threads) for r in _rows(m, got, world.n, batch)]
         if log:
             log(f"{m} on {world.n} workers: " + ", ".join(f"{r['strategy']} {r['step_time'] * 1e3:.2f} ms"
                                                           for r in rows if r["model"] == m))

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import io
 import os
-import signal
-import sys
 import time
 import warnings
 import weakref
@@ -26,8 +23,9 @@ from dataclasses import dataclass
 import ipyparallel as ipp
 import psutil
 
-from ddnb import px, worker_env
+from ddnb import local_engines, px, worker_env
 from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.local_engines import quiet as _quiet, reap as _reap
 
 MAX_LOCAL_WORKERS = 64
 BACKENDS = ("auto", "gloo", "nccl")
@@ -81,7 +79,8 @@ class Cluster:
         engines) instead of starting local engines; `stop()` then leaves its engines running.
     master_addr : address of rank 0 for the TCP rendezvous (default: 127.0.0.1 when every
         worker is on this host, else rank 0's host name).
-    threads : intra-op threads per worker (default: cores / local workers, at least 1).
+    threads : intra-op threads per worker (default: $DDNB_THREADS, else the cores of its
+        host / the workers on that host, at least 1: `ddnb.worker_env.threads_for`).
     start_timeout : seconds that starting engines and forming the world may take
         (default: the larger of `timeout` and 60; an engine imports torch as it starts).
     """
@@ -124,51 +123,35 @@ class Cluster:
         """Start (or connect to) the engines and form the process group."""
         if self.client is not None:
             return self
-        t0 = time.monotonic()
+        t0, laps = time.monotonic(), local_engines.Laps()
         _live_clusters.add(self)
         try:
             if self._connect:
                 self._connect_existing()
+                laps.lap("connect")
             else:
-                self._start_local(self.n)
-            self._form_world(self._usable_engines(self.n))
+                self._start_local(self.n, laps.lap)
+            self._form_world(self._usable_engines(self.n), laps.lap)
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
+        self.startup_phases = laps.phases  # seconds per phase of this start (ddnb/local_engines.py)
         return self
 
-    def _start_local(self, n: int) -> None:
-        self._ipp = ipp.Cluster(n=0, log_level=40, shutdown_atexit=True, engine_timeout=self.start_timeout)
-        with _quiet():
-            self._ipp.start_controller_sync()
-        self._controller_pid = getattr(self._ipp.controller, "pid", None) or None
-        with _quiet():
-            self.client = self._ipp.connect_client_sync()
+    def _start_local(self, n: int, lap=local_engines.no_lap) -> None:
+        self._ipp, self.client, self._controller_pid = local_engines.start_controller(self.start_timeout)
+        lap("controller")
         self._add_engines(n)
+        lap("engines")
 
     def _add_engines(self, k: int) -> None:
-        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, len(self._engine_ids()) + k))
-        # Local engines see the modules the notebook sees (a helpers.py beside it, a test file).
-        path = [p for p in sys.path if p and os.path.isdir(p)]
-        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys([os.getcwd()] + path))}
-        before = set(self.client.ids)
-        with _quiet():
-            self._ipp.start_engines_sync(k, environment=env)
-        deadline = time.monotonic() + self.start_timeout
-        while len(set(self.client.ids) - before) < k:
-            if time.monotonic() > deadline:
-                got = len(set(self.client.ids) - before)
-                raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {self.start_timeout:.0f} s")
-            time.sleep(0.05)
-        new = sorted(set(self.client.ids) - before)
-        view = self.client[new]
-        pids = self._await([view.client[e].apply_async(os.getpid) for e in new], new, "getpid", self.start_timeout)
-        self._engine_pids.update(pids)
+        threads = worker_env.threads_for(len(self._engine_ids()) + k, self.threads)
+        new = local_engines.start_engines(self._ipp, self.client, k, threads, self.start_timeout)
         also_kill = (self._controller_pid,) if self._controller_pid else ()
-        self._await([self.client[e].apply_async(worker_env.watch_parent, os.getpid(), also_kill)
-                     for e in new], new, "watch_parent", self.start_timeout)
+        self._engine_pids.update(self._await([self.client[e].apply_async(worker_env.watch_parent, os.getpid(),
+                                                                         also_kill) for e in new],
+                                             new, "watch_parent", self.start_timeout))
 
     def _connect_existing(self) -> None:
         """Find the ipcluster's cluster file (it may still be starting), connect a client,
@@ -203,10 +186,11 @@ class Cluster:
         ids = self._engine_ids()
         return ids if n is None else ids[:n]
 
-    def _form_world(self, engine_ids: list[int]) -> None:
+    def _form_world(self, engine_ids: list[int], lap=local_engines.no_lap) -> None:
         """Assign ranks, choose the backend, initialize torch.distributed (and Horovod)."""
         infos = self._await([self.client[e].apply_async(worker_env.describe) for e in engine_ids],
                             engine_ids, "describe", self.start_timeout)
+        lap("describe")   # the engines' first task: it waits for their torch import
         hosts_order = list(dict.fromkeys(i["host"] for i in infos))
         order = sorted(range(len(engine_ids)), key=lambda k: (hosts_order.index(infos[k]["host"]), engine_ids[k]))
         engine_ids, infos = [engine_ids[k] for k in order], [infos[k] for k in order]
@@ -223,20 +207,23 @@ class Cluster:
         self.n = world
         single_host = len(hosts_order) == 1
         addr = self.master_addr or ("127.0.0.1" if single_host else hosts[0])
-        threads = self.threads or max(1, (os.cpu_count() or 1) // max(hosts.count(h) for h in hosts))
-        self._run_engines(worker_env.limit_threads, [(threads,)] * world, "limit_threads", timeout=self.start_timeout)
+        threads = self._run_engines(worker_env.limit_threads, [(hosts.count(h), self.threads) for h in hosts],
+                                    "limit_threads", timeout=self.start_timeout)   # each on its own host's cores
         port = self._await([self.client[engine_ids[0]].apply_async(worker_env.open_store, world, self.timeout)],
                            engine_ids[:1], "open_store", self.start_timeout)[0]
         args = [(w["rank"], world, self.backend, addr, port, w["local_rank"], self.timeout) for w in self.workers]
         done = self._run_engines(worker_env.init_process_group, args, "init_process_group", timeout=self.start_timeout)
-        for w, d in zip(self.workers, done):
-            w.update(backend=d["backend"], device=d["device"])
+        for w, d, t in zip(self.workers, done, threads):
+            w.update(backend=d["backend"], device=d["device"], threads=t)
+        lap("process_group")
         if self.horovod:
             self._init_horovod(hosts, single_host, self._horovod_env)
+            lap("horovod")
         self.view = self.client[engine_ids]
         self.view.block = True
         self._push_names()
         px.enable(self)
+        lap("names")
 
     def _init_horovod(self, hosts: list[str], single_host: bool, env: dict | None = None) -> None:
         from ddnb.rendezvous import HorovodRendezvous
@@ -552,22 +539,6 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _reap(pids, wait: float) -> None:
-    """SIGTERM, then SIGKILL what is still there after `wait` seconds."""
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            procs.append(psutil.Process(pid))
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=wait)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=wait)
-
-
 def _horovod_available() -> bool:
     from ddnb.rendezvous import horovod_available
 
@@ -578,10 +549,3 @@ def _this_host_address() -> str:
     import socket
 
     return socket.gethostbyname(socket.gethostname())
-
-
-@contextlib.contextmanager
-def _quiet():
-    """ipyparallel prints progress and log lines while starting; keep cells clean."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield

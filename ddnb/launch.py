@@ -13,6 +13,8 @@ process group comes from the launcher's environment: torchrun's RANK / WORLD_SIZ
 MASTER_ADDR / MASTER_PORT (`init_method="env://"`; "cpu:gloo,cuda:nccl" with
 cuda:LOCAL_RANK when every local rank has a GPU, so CPU and CUDA tensors both work, else
 gloo), horovodrun's HOROVOD_RANK / HOROVOD_SIZE (`hvd.init()`).
+Each rank uses cores / local ranks intra-op threads (`ddnb.worker_env.threads_for`; e.g.
+`DDNB_THREADS=1 horovodrun ...` overrides), which rank 0's JSON line reports as "threads".
 Rank 0 prints one JSON line; `--compare` also trains the single-process reference on the
 global batch and prints the largest parameter difference. Arguments are checked before
 any process group is formed.
@@ -24,6 +26,8 @@ import json
 import os
 import sys
 from datetime import timedelta
+
+from ddnb.worker_env import limit_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +59,29 @@ def launcher_env(environ=os.environ) -> str:
     return "none"
 
 
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def local_ranks(environ=os.environ) -> int:
+    """The ranks the launcher started on this host: torchrun's LOCAL_WORLD_SIZE,
+    horovodrun's HOROVOD_LOCAL_SIZE (Gloo) or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE
+    (horovodrun over mpirun); 1 when none is set. Each rank gets cores / this many
+    intra-op threads (`ddnb.worker_env.threads_for`; $DDNB_THREADS overrides)."""
+    for var in LOCAL_SIZE_VARS:
+        if environ.get(var, "").strip().isdigit() and int(environ[var]) >= 1:
+            return int(environ[var])
+    return 1
+
+
+def set_threads() -> int:
+    """Give this rank cores / local_ranks() intra-op threads, at least 1 ($DDNB_THREADS
+    overrides; `ddnb.worker_env.limit_threads`); returns the count. torchrun sets
+    OMP_NUM_THREADS=1 and horovodrun sets nothing: under horovodrun -np 2 on 2 cores each
+    rank used both cores and fought Horovod's background thread for them, 95 ms a step
+    instead of 2.2 ms (issue 14)."""
+    return limit_threads(local_ranks())
+
+
 def init_from_launcher(strategy: str, timeout: float) -> None:
     """Form the world the strategy needs from the launcher's environment, or say why not."""
     launcher = launcher_env()
@@ -62,6 +89,7 @@ def init_from_launcher(strategy: str, timeout: float) -> None:
         if launcher != "horovodrun":
             raise SystemExit("ddnb.launch: --strategy horovod runs under horovodrun "
                              "(horovodrun -np 2 -H localhost:2 --gloo python -m ddnb.launch dp --strategy horovod)")
+        set_threads()
         import horovod.torch as hvd
 
         hvd.init()
@@ -73,9 +101,8 @@ def init_from_launcher(strategy: str, timeout: float) -> None:
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    threads = max(1, (os.cpu_count() or 1) // local_size)
-    torch.set_num_threads(threads)
+    local_size = local_ranks()
+    set_threads()
     backend = launcher_backend(torch.cuda.device_count() if torch.cuda.is_available() else 0, local_size)
     if backend != "gloo":
         torch.cuda.set_device(local_rank)
@@ -92,6 +119,8 @@ def launcher_backend(gpus: int, local_size: int) -> str:
 
 
 def main(argv=None) -> int:
+    import torch
+
     from ddnb.data_parallel.train import check_args, reference_digits, train_digits
 
     args = _parser().parse_args(argv)
@@ -107,7 +136,8 @@ def main(argv=None) -> int:
         row = {"strategy": args.strategy, "world_size": out["world_size"], "steps": args.steps,
                "tensors": 2 * (args.layers + 1),
                "first_loss": round(out["losses"][0], 6), "final_loss": round(out["losses"][-1], 6),
-               "accuracy": round(out["accuracy"], 6), "step_time": out["step_time"]}
+               "accuracy": round(out["accuracy"], 6), "step_time": out["step_time"],
+               "threads": torch.get_num_threads()}
         if args.compare:
             ref = reference_digits(out["world_size"], steps=args.steps, per_rank=args.per_rank, lr=args.lr,
                                    hidden=args.hidden, layers=args.layers, seed=args.seed)

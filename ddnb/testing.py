@@ -9,12 +9,14 @@
 
     assert run_world(3, allreduce_rank) == [3.0, 3.0, 3.0]
 
-Each rank is a spawned process with one intra-op thread, joined through a FileStore in a
-fresh temporary folder (no port to collide). `World(n)` keeps the processes (and their
-process group) alive across calls, which is what makes hundreds of multi-process tests
-cheap on 2 cores; `run_world` is the one-shot form. Every call has a deadline: a rank
-that raises, dies or hangs becomes WorkerError / WorkerLostError / WorkerTimeoutError
-naming it, and a world that timed out is killed, never left blocking.
+Each rank is a spawned process with cores / n intra-op threads, at least 1
+(`ddnb.worker_env.threads_for`; `threads=` or $DDNB_THREADS overrides it), joined
+through a FileStore in a fresh temporary folder (no port to collide). `World(n)` keeps
+the processes (and their process group) alive across calls, which is what makes
+hundreds of multi-process tests cheap on 2 cores; `run_world` is the one-shot form.
+Every call has a deadline: a rank that raises, dies or hangs becomes WorkerError /
+WorkerLostError / WorkerTimeoutError naming it, and a world that timed out is killed,
+never left blocking.
 """
 from __future__ import annotations
 
@@ -40,14 +42,14 @@ ERROR_GRACE_SECONDS = 2.0
 
 def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, backend="gloo"):
     """The loop of one rank: receive a pickled (fn, args, kwargs), run it, send the result."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
+    from ddnb.worker_env import limit_threads
+
+    limit_threads(world_size, threads)   # threads: World's, already resolved by threads_for
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     if torch.cuda.is_available():   # one GPU per rank where there are enough (nccl needs it)
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -132,10 +134,13 @@ class World:
     r % device_count, so CUDA tensors work with any backend; `ddnb.worker_env.rank_device()`
     on a rank is the device its tensors belong on."""
 
-    def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int = 1,
+    def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int | None = None,
                  backend: str = "gloo"):
+        from ddnb.worker_env import threads_for
+
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"World needs an integer n >= 1, got {n!r}")
+        self.threads = threads_for(n, threads)   # intra-op threads of every rank
         self.backend = backend = check_backend(backend, n)
         self.n, self.timeout, self.horovod = n, timeout, horovod
         self.broken = False
@@ -153,7 +158,7 @@ class World:
             for rank in range(n):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
-                                args=(rank, n, self._dir, child, threads, timeout, envs[rank], backend))
+                                args=(rank, n, self._dir, child, self.threads, timeout, envs[rank], backend))
                 p.start()
                 child.close()
                 self._conns.append(parent)

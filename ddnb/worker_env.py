@@ -43,14 +43,50 @@ def rank_device():
     return torch.device("cpu")
 
 
-def limit_threads(threads: int) -> None:
-    """One process per worker: keep each one to `threads` intra-op threads, so that N
-    workers on N cores do not oversubscribe them."""
+THREADS_ENV = "DDNB_THREADS"   # the user's override of `threads_for`, e.g. DDNB_THREADS=1 horovodrun ...
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's
+    cpuset, a batch scheduler's allocation) where the OS reports it, else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_for(local_ranks: int, threads: int | None = None) -> int:
+    """The intra-op threads of one of `local_ranks` ranks on this host: `threads` if given,
+    else $DDNB_THREADS if set, else available_cores() // local_ranks, at least 1. N ranks
+    on N cores then use one core each instead of all fighting over every core (and over
+    the cores Horovod's and gloo's own threads need)."""
+    if threads is None and os.environ.get(THREADS_ENV, "").strip():
+        text = os.environ[THREADS_ENV].strip()
+        threads = int(text) if text.isdigit() else -1
+        where = f"${THREADS_ENV}={text!r}"
+    else:
+        where = f"threads={threads!r}"
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"{where}: intra-op threads must be an integer >= 1")
+        return threads
+    if isinstance(local_ranks, bool) or not isinstance(local_ranks, int) or local_ranks < 1:
+        raise ValueError(f"local_ranks must be an integer >= 1, got {local_ranks!r}")
+    return max(1, available_cores() // local_ranks)
+
+
+def limit_threads(local_ranks: int = 1, threads: int | None = None) -> int:
+    """Size this process's intra-op threads by `threads_for` (torch.set_num_threads, and
+    OMP/MKL/OpenBLAS_NUM_THREADS for libraries loaded later and processes started from
+    here). Every process ddnb starts or runs in calls it: engines, `ddnb.testing` ranks,
+    `ddnb.launch` under torchrun or horovodrun. Returns the thread count."""
+    threads = threads_for(local_ranks, threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
+    return threads
 
 
 def describe() -> dict:
@@ -72,10 +108,11 @@ def describe() -> dict:
     return info
 
 
-def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) -> None:
+def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) -> int:
     """Exit this process (and kill `also_kill`, e.g. the controller) as soon as the
     process that launched it is gone: a notebook kernel killed with SIGKILL runs no
-    clean-up of its own, and this keeps its engines from living on as orphans."""
+    clean-up of its own, and this keeps its engines from living on as orphans. Returns
+    this process's pid."""
 
     def loop():
         while True:
@@ -91,6 +128,7 @@ def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) 
                 os._exit(1)
 
     threading.Thread(target=loop, name="ddnb-watch-parent", daemon=True).start()
+    return os.getpid()
 
 
 def kill_group(pid: int) -> None:

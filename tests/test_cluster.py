@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from ddnb.cluster import Cluster, _choose_backend
+from ddnb.worker_env import threads_for
 from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
 from conftest import requires_horovod
 
@@ -56,6 +57,8 @@ def test_ranks_backend_and_results_in_rank_order(cluster):
     assert all(w["device"] == "cpu" and w["backend"] == "gloo" for w in cluster.workers)
     assert len({w["pid"] for w in cluster.workers}) == 3  # one process per worker
     assert os.getpid() not in {w["pid"] for w in cluster.workers}
+    # intra-op threads: the cores / the 3 workers on this host, at least 1
+    assert [g[4] for g in got] == [w["threads"] for w in cluster.workers] == [threads_for(3)] * 3
 
 
 def test_run_with_arguments_and_per_rank_arguments(cluster):
@@ -175,8 +178,10 @@ def test_resize_reforms_the_world_and_stop_leaves_nothing():
         c.resize(4)
         started |= set(c.pids())
         assert [g[:4] for g in c.run(rank_info)] == [(r, 4, "gloo", 6.0) for r in range(4)]
+        assert [g[4] for g in c.run(rank_info)] == [threads_for(4)] * 4   # re-sized to the new count
         c.resize(1)
         assert c.run(rank_info)[0][:2] == (0, 1)
+        assert c.run(rank_info)[0][4] == threads_for(1)   # the lone worker: every core it has
         assert len(engines(c.pids())) == 1  # one engine left: the others were shut down
     finally:
         c.stop()
@@ -185,13 +190,17 @@ def test_resize_reforms_the_world_and_stop_leaves_nothing():
     c.stop()  # idempotent
 
 
-def test_context_manager_and_start_time():
+def test_context_manager_start_time_and_threads_override():
     t0 = time.monotonic()
-    with Cluster(n=4, timeout=30) as c:
+    with Cluster(n=4, timeout=30, threads=3) as c:
         ready = time.monotonic() - t0
         pids = c.pids()
         assert len(engines(pids)) == 4 and len(pids) > 5  # + the controller and its schedulers
         assert [g[0] for g in c.run(rank_info)] == [0, 1, 2, 3]
+        assert [g[4] for g in c.run(rank_info)] == [3, 3, 3, 3]   # threads= wins over cores / workers
+        # where the start-up went, phase by phase, adds up to the whole
+        assert list(c.startup_phases) == ["controller", "engines", "describe", "process_group", "names"]
+        assert sum(c.startup_phases.values()) == pytest.approx(c.startup_seconds, abs=0.05)
     assert gone(pids)
     # the target is <= 15 s on 2 cores; this only guards against a gross regression
     assert ready < 60

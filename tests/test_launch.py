@@ -14,7 +14,8 @@ import pytest
 
 from conftest import requires_horovod
 from ddnb.data_parallel.train import reference_digits, train_digits
-from ddnb.launch import launcher_backend, launcher_env, main
+from ddnb.launch import launcher_backend, launcher_env, local_ranks, main, set_threads
+from ddnb.worker_env import threads_for
 
 BIN = os.path.dirname(sys.executable)
 # 674 training digits on 2 ranks, 32 a step: an epoch is 10 steps, so 12 steps cross into epoch 1
@@ -36,6 +37,31 @@ def test_launcher_detected_from_the_environment():
     assert launcher_env({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}) == "horovodrun"
     assert launcher_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}) == "torchrun"
     assert launcher_env({"RANK": "1"}) == "none"
+
+
+def test_local_ranks_from_any_launcher():
+    assert local_ranks({"LOCAL_WORLD_SIZE": "4"}) == 4                 # torchrun
+    assert local_ranks({"HOROVOD_LOCAL_SIZE": "3"}) == 3               # horovodrun --gloo
+    assert local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == 2       # horovodrun over mpirun
+    assert local_ranks({}) == local_ranks({"LOCAL_WORLD_SIZE": "x"}) == 1
+
+
+def test_horovodrun_ranks_get_their_share_of_the_cores(monkeypatch):
+    """What init_from_launcher sizes before hvd.init(): horovodrun sets no thread count."""
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("DDNB_THREADS", raising=False)
+    for var in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "2")
+    try:
+        assert set_threads() == threads_for(2) == torch.get_num_threads()
+        monkeypatch.setenv("DDNB_THREADS", "3")
+        assert set_threads() == 3 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_launcher_backend_gives_gpus_gloo_and_nccl():
@@ -71,6 +97,7 @@ def test_torchrun_runs_the_chapter_and_matches_one_process():
                       "dp", "--strategy", "bucketed", "--steps", str(STEPS), "--compare"])
     assert row["world_size"] == 2 and row["max_param_diff_vs_single_process"] < 1e-5
     assert row["final_loss"] < row["first_loss"]
+    assert row["threads"] == threads_for(2)   # cores / 2 local ranks, not torchrun's OMP_NUM_THREADS=1
 
 
 @requires_horovod
@@ -79,5 +106,6 @@ def test_horovodrun_runs_the_chapter_and_matches_one_process():
                       sys.executable, "-m", "ddnb.launch", "dp", "--strategy", "horovod", "--steps", str(STEPS),
                       "--compare"])
     assert row["world_size"] == 2 and row["max_param_diff_vs_single_process"] < 1e-5
+    assert row["threads"] == threads_for(2)   # horovodrun sets no thread count; ddnb.launch does
     ref = reference_digits(2, steps=STEPS)
     assert row["final_loss"] == pytest.approx(ref["losses"][-1], abs=1e-5)

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
 from ddnb.testing import World, check_backend, run_world
+from ddnb.worker_env import threads_for
 from conftest import requires_horovod
 
 
@@ -21,7 +22,17 @@ def rank_and_sum():
 def test_results_in_rank_order(world, n):
     got = world(n).run(rank_and_sum)
     total = n * (n + 1) / 2
-    assert got == [(r, n, total, 1) for r in range(n)]
+    # each rank: the cores / n intra-op threads, at least 1 (ddnb.worker_env.threads_for)
+    assert got == [(r, n, total, threads_for(n)) for r in range(n)]
+
+
+def test_threads_override(monkeypatch):
+    """threads= wins over $DDNB_THREADS, which wins over cores / ranks."""
+    monkeypatch.setenv("DDNB_THREADS", "2")
+    with World(2, threads=3) as w:
+        assert w.threads == 3 and [g[3] for g in w.run(rank_and_sum)] == [3, 3]
+    with World(1) as w:
+        assert w.threads == 2 and w.run(rank_and_sum)[0][3] == 2
 
 
 def test_run_ranks_gives_each_rank_its_arguments(world):

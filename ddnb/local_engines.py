@@ -1,0 +1,106 @@
+"""The local ipyparallel controller and engines behind `ddnb.Cluster(n)`, started fast,
+and the clock that says where a start-up went (`Cluster.startup_phases`).
+
+Where the time of a 4-worker start went on 2 cores (issue 14): each engine had connected
+and was ready about 1 s after it was spawned, yet the controller listed it only ~6 s
+later. The controller's heart monitor registers an engine at the first beat after the
+engine has answered a ping, and it beats every 3 s by default, so every engine waited
+for two beats. Here it beats every HEARTBEAT_MS instead, and still drops an engine only
+after the same 30 s of silence as ipyparallel's default (HEARTBEAT_MISSES beats).
+What remains is CPU work: four Pythons importing ipyparallel and then torch, two cores.
+Taught in `notebooks/00_getting_started.ipynb`.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import sys
+import time
+
+import ipyparallel as ipp
+import psutil
+
+from ddnb.errors import WorkerTimeoutError
+
+HEARTBEAT_MS = 500              # ipyparallel: 3000
+HEARTBEAT_MISSES = 60           # x 0.5 s = 30 s before a silent engine is dropped, as 10 x 3 s is
+# Run by each engine before it registers: import torch in a background thread, so that
+# the import overlaps the registration instead of following it (binds no name).
+IMPORT_TORCH = ("__import__('threading').Thread(target=__import__, args=('torch',), daemon=True, "
+                "name='ddnb-import-torch').start()")
+
+
+def start_controller(start_timeout: float):
+    """Start a controller on this host with a fast heartbeat; (ipp.Cluster, Client,
+    controller pid)."""
+    cluster = ipp.Cluster(n=0, log_level=40, shutdown_atexit=True, engine_timeout=start_timeout,
+                          controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
+                                           f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"])
+    with quiet():
+        cluster.start_controller_sync()
+    pid = getattr(cluster.controller, "pid", None) or None
+    with quiet():
+        client = cluster.connect_client_sync()
+    return cluster, client, pid
+
+
+def start_engines(cluster, client, k: int, threads: int, start_timeout: float) -> list[int]:
+    """Start k engines with `threads` intra-op threads each and wait until the controller
+    lists them; their engine ids."""
+    # Local engines see the modules the notebook sees (a helpers.py beside it, a test file).
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys([os.getcwd()] + path))}
+    before = set(client.ids)
+    with quiet():
+        cluster.start_engines_sync(k, environment=env, engine_args=[f"--IPEngine.startup_command={IMPORT_TORCH}"])
+    deadline = time.monotonic() + start_timeout
+    while len(set(client.ids) - before) < k:
+        if time.monotonic() > deadline:
+            got = len(set(client.ids) - before)
+            raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {start_timeout:.0f} s")
+        time.sleep(0.02)
+    return sorted(set(client.ids) - before)
+
+
+class Laps:
+    """A stopwatch with named laps: lap("engines") adds the seconds since the last lap to
+    phases["engines"]."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+        self._last = now
+
+
+def no_lap(name: str) -> None:
+    """What `Cluster._form_world` times with outside a start (a resize)."""
+
+
+def reap(pids, wait: float) -> None:
+    """SIGTERM, then SIGKILL what is still there after `wait` seconds."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=wait)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=wait)
+
+
+@contextlib.contextmanager
+def quiet():
+    """ipyparallel prints progress and log lines while starting; keep cells clean."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
