@@ -113,6 +113,7 @@ class Cluster:
         self.view = None  # DirectView on the ranks, in rank order (used by %%px)
         self._rendezvous = None
         self._horovod_env: dict = {}   # extra HOROVOD_* settings (start_horovod(env=...)), kept across resize
+        self._horovod_ran: dict = {}   # engine pid -> the settings Horovod last started with in it
         self._controller_pid: int | None = None
         self._engine_pids: set[int] = set()
         if start:
@@ -236,6 +237,7 @@ class Cluster:
         extra = {k: str(v) for k, v in (env or {}).items()}
         envs = [({**self._rendezvous.env(r, iface), **extra},) for r in range(self.n)]
         got = self._run_engines(worker_env.init_horovod, envs, "hvd.init", timeout=self.start_timeout)
+        self._horovod_ran.update({w["pid"]: extra for w in self.workers})
         for w, g in zip(self.workers, got):
             if g["rank"] != w["rank"]:
                 raise ClusterError(f"Horovod gave rank {g['rank']} to torch rank {w['rank']}")
@@ -243,7 +245,11 @@ class Cluster:
     def start_horovod(self, env: dict | None = None) -> "Cluster":
         """Initialize Horovod on the running workers (as `horovod=True` does at start).
         `env` adds Horovod settings read at hvd.init(), e.g. {"HOROVOD_FUSION_THRESHOLD":
-        0, "HOROVOD_CYCLE_TIME": 5}; to change them, stop_horovod() and start again."""
+        0, "HOROVOD_CYCLE_TIME": 5}. To change them: stop_horovod(), restart(), then
+        start_horovod(env=...) on the fresh engines. Horovod 0.28.1 cannot start again in the
+        same process with other settings: after hvd.shutdown(), an hvd.init() with a changed
+        cycle time or fusion threshold crashed every rank (segfault, exit 139) within 2-3
+        restarts here, under horovodrun too, so that is refused before anything starts."""
         if self.horovod:
             return self
         if not _horovod_available():
@@ -251,6 +257,13 @@ class Cluster:
         bad = [k for k in (env or {}) if not (isinstance(k, str) and k.startswith("HOROVOD_"))]
         if bad:
             raise ValueError(f"start_horovod: env keys must be HOROVOD_* settings, got {bad}")
+        new = {k: str(v) for k, v in (env or {}).items()}
+        ran = {w["rank"]: self._horovod_ran[w["pid"]] for w in self.workers
+               if self._horovod_ran.get(w["pid"], new) != new}
+        if ran:
+            raise ValueError(f"start_horovod(env={new}): Horovod already ran in these engines with other settings "
+                             f"(rank {min(ran)}: {ran[min(ran)]}), and Horovod 0.28.1 crashes when it starts again "
+                             "in the same process with changed settings; call cluster.restart() first")
         hosts = [w["host"] for w in self.workers]
         self.horovod, self._horovod_env = True, dict(env or {})
         self._init_horovod(hosts, len(set(hosts)) == 1, self._horovod_env)

@@ -181,9 +181,20 @@ def init_process_group(rank: int, world_size: int, backend: str, master_addr: st
             "backend": dist.get_backend(), "device": str(device)}
 
 
+# The environment variables the last init_horovod set: Horovod reads its settings from the
+# environment at hvd.init(), so a setting of one start (HOROVOD_FUSION_THRESHOLD=0) must not
+# leak into the next one, which did not ask for it.
+_horovod_keys: set = set()
+
+
 def init_horovod(env: dict) -> dict:
     """Initialize Horovod over Gloo from the environment `ddnb.rendezvous.horovod_env`
-    made for this rank (what horovodrun would otherwise set)."""
+    made for this rank (what horovodrun would otherwise set), plus any extra HOROVOD_*
+    settings; those of a previous start that `env` does not set again are removed first."""
+    for key in _horovod_keys - set(env):
+        os.environ.pop(key, None)
+    _horovod_keys.clear()
+    _horovod_keys.update(env)
     os.environ.update({k: str(v) for k, v in env.items()})
     import horovod.torch as hvd
 
