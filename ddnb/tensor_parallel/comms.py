@@ -86,7 +86,7 @@ def split_last(t: torch.Tensor, group=None) -> torch.Tensor:
 
 
 class _CopyToTP(torch.autograd.Function):
-    """This is the `f` function in the paper (Shoeybi et al. 2019, Sec. 3, Fig. 3a)."""
+    """This is the `f` function in the paper (Shoeybi et al. 2019, Sec. 3, Fig. 3a and 3b)."""
 
     @staticmethod
     def forward(ctx, x, group, tracer, name):
@@ -99,7 +99,7 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """This is the `g` function in the paper (Shoeybi et al. 2019, Sec. 3, Fig. 3b)."""
+    """This is the `g` function in the paper (Shoeybi et al. 2019, Sec. 3, Fig. 3a and 3b)."""
 
     @staticmethod
     def forward(ctx, x, group, tracer, name):
