@@ -22,17 +22,16 @@ import platform
 import time
 from dataclasses import dataclass
 
+from ddnb.worker_env import available_cores
+
 # Command-line fragments of processes that run a ddnb cluster's workers (or drive one).
 CLUSTER_MARKERS = ("ipyparallel.engine", "ipyparallel.controller", "ipengine", "ipcontroller",
                    "torch.distributed.run", "torchrun", "horovodrun", "ddnb.testing", "ddnb.launch")
 
 
 def cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # macOS, Windows
-        return os.cpu_count() or 1
+    """The CPU cores this process may run on (`ddnb.worker_env.available_cores`)."""
+    return available_cores()
 
 
 def cpu_model() -> str:

@@ -78,7 +78,7 @@ def set_threads() -> int:
     overrides; `ddnb.worker_env.limit_threads`); returns the count. torchrun sets
     OMP_NUM_THREADS=1 and horovodrun sets nothing: under horovodrun -np 2 on 2 cores each
     rank used both cores and fought Horovod's background thread for them, 95 ms a step
-    instead of 2.2 ms (issue 14)."""
+    instead of 2.2 ms."""
     return limit_threads(local_ranks())
 
 
