@@ -1,7 +1,7 @@
 """The local ipyparallel controller and engines behind `ddnb.Cluster(n)`, started fast,
 and the clock that says where a start-up went (`Cluster.startup_phases`).
 
-Where the time of a 4-worker start went on 2 cores (issue 14): each engine had connected
+Where the time of a 4-worker start went on 2 cores (measured): each engine had connected
 and was ready about 1 s after it was spawned, yet the controller listed it only ~6 s
 later. The controller's heart monitor registers an engine at the first beat after the
 engine has answered a ping, and it beats every 3 s by default, so every engine waited
