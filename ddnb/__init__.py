@@ -3,6 +3,7 @@
 What a learner types in a notebook is re-exported here; the rest is reached by its module
 path (ddnb.testing, ddnb.viz, ...). Imports are lazy, so worker processes that only need
 `ddnb.worker_env` do not pay for ipyparallel or matplotlib.
+Taught from `notebooks/00_getting_started.ipynb` on.
 """
 __version__ = "0.1.0"
 

@@ -3,6 +3,7 @@
     ddnb bench allreduce --workers 4 --sizes 4KB..64MB --fit
 
 Each command is a module with its own `main(argv, prog)`; this only dispatches to it.
+Used in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ few steps each, `--rounds` times, so that background load hits them alike. A ste
 is the slowest rank's; a row reports the median over the timed steps (after `--warmup`),
 `ddp_step_time` (DDP's, same model, same run) and, for "bucketed", the fraction of its
 communication hidden behind backward (`ddnb.data_parallel.overlap_stats` on its trace).
-Taught in `notebooks/06_data_parallel.ipynb` and `notebooks/07_horovod.ipynb`.
+Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`.
 """
 from __future__ import annotations
 

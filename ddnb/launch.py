@@ -18,6 +18,7 @@ Each rank uses cores / local ranks intra-op threads (`ddnb.worker_env.threads_fo
 Rank 0 prints one JSON line; `--compare` also trains the single-process reference on the
 global batch and prints the largest parameter difference. Arguments are checked before
 any process group is formed.
+Taught in `notebooks/07_horovod.ipynb`.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ error and then names the rank behind each dead engine, its pid and host, and wha
 
 `Cluster.run` says the same in its WorkerLostError. Used by `ddnb.Cluster` (the %%px
 cells of every notebook); tested in tests/test_px.py.
+Taught in `notebooks/00_getting_started.ipynb`; %%px cells run from `notebooks/03_collectives.ipynb` on.
 """
 from __future__ import annotations
 

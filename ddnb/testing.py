@@ -17,6 +17,8 @@ hundreds of multi-process tests cheap on 2 cores; `run_world` is the one-shot fo
 Every call has a deadline: a rank that raises, dies or hangs becomes WorkerError /
 WorkerLostError / WorkerTimeoutError naming it, and a world that timed out is killed,
 never left blocking.
+No notebook teaches it: it is the harness of tests/; notebooks use `ddnb.Cluster`
+(`notebooks/00_getting_started.ipynb`).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
     loader_throughput(ds, num_workers=2)                samples/s of a torch DataLoader
     overlapped_epoch(ds, compute_s=0.02, num_workers=1) loading while the device computes
 
-The device's peak is what a large matrix multiply reaches (2·n³ FLOPs, `ddnb.cost.matmul_flops`);
+The device's peak is what a large matrix multiply reaches (2·n³ FLOPs, `ddnb.cost.transformer.matmul_flops`);
 a training step reaches a fraction of it, its model FLOPs utilization (Chowdhery et al.
 2022, "PaLM", Sec. 4.1), and that fraction grows with the batch until the device is busy.
 The input pipeline is the other limit: if preparing a batch on the CPU takes L seconds and

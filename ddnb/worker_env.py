@@ -188,7 +188,7 @@ _horovod_keys: set = set()
 
 
 def init_horovod(env: dict) -> dict:
-    """Initialize Horovod over Gloo from the environment `ddnb.rendezvous.horovod_env`
+    """Initialize Horovod over Gloo from the environment `ddnb.rendezvous.HorovodRendezvous.env`
     made for this rank (what horovodrun would otherwise set), plus any extra HOROVOD_*
     settings; those of a previous start that `env` does not set again are removed first."""
     for key in _horovod_keys - set(env):

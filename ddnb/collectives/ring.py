@@ -25,7 +25,7 @@ for a whole chunk before passing it on. During the reduce-scatter `depth` receiv
 flight (gloo's ring keeps two), each into its own preallocated slot of scratch,
 (depth, segment); during the all-gather all receives are posted at once, straight into
 place. Receives are posted before sends: a message moves only once its receive is posted.
-Taught in `notebooks/05_allreduce.ipynb` (with `ddnb.viz.ring`).
+Taught in `notebooks/05_allreduce.ipynb` (drawn step by step by `ddnb.viz.allreduce_steps`).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ schedules (Huang et al. 2019; Narayanan et al. 2021).
 `transformer`: parameters of a GPT, training FLOPs 6·N·D, MFU, days of training (Kaplan et al. 2020).
 `memory_model`: training memory of a GPT on one device, states and activations (Korthikanti et al. 2022).
 `published`: published models' sizes, tokens and compute, as their papers state them.
+Each module names the notebook that teaches it; `notebooks/12_scalability.ipynb` combines them.
 """
 from ddnb.cost.alpha_beta import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta, measure_gamma,
                                   pair_exchange, pingpong, sendrecv)

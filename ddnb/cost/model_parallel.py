@@ -13,6 +13,7 @@ Time. Stages run one after another, so a step takes Σ_r t_r (plus the messages)
 computes t_r of it: its idle fraction is 1 - t_r / Σ t, on average (p - 1)/p whatever the
 partition (GPipe, Huang et al. 2019, Sec. 2.2, Fig. 2b-c: the "bubble"; for equal stages
 that mean is `ddnb.cost.pipeline.model_parallel_idle_fraction`).
+Taught in `notebooks/08_model_parallelism.ipynb`.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the same step (the global-batch step). Naive first, then better:
     horovod.py    horovod_optimizer, horovod_timeline, horovod_timeline_events
                                                    the same training with Horovod, and its timeline
 
-Taught in `notebooks/06_data_parallel.ipynb` and `notebooks/07_horovod.ipynb`; measured
+Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`; measured
 by `python -m ddnb.bench dp` (`ddnb/bench_dp.py`).
 """
 from ddnb.data_parallel.bucketed import BucketedDataParallel, assign_buckets, overlap_stats

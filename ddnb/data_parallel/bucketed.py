@@ -37,7 +37,7 @@ Every step records, in the tracer: "compute"/"backward" (start of backward → e
 it, at the next gradient hook or at the final wait, since a Python callback on gloo's
 thread would stall it), "wait"/"sync" (end of backward → grads averaged).
 `overlap_stats(events)` computes from them the fraction of communication time hidden
-behind backward. Taught in `notebooks/06_data_parallel.ipynb`.
+behind backward. Taught in `notebooks/06_data_parallelism.ipynb`.
 
     model = BucketedDataParallel(model, bucket_mb=25)
     loss_fn(model(x), y).backward()     # returns with every p.grad = mean over ranks

@@ -13,7 +13,7 @@ taking the same SGD step from the same weights stay identical (Goyal et al. 2017
 This is the "naive solution" of Li et al., "PyTorch Distributed", VLDB 2020, Sec. 3.2.1.
 Its cost is the communication: one all-reduce per parameter tensor, each paying the
 latency α, all of it after backward (nothing overlaps). `bucketed.py` fixes both.
-Taught in `notebooks/06_data_parallel.ipynb`.
+Taught in `notebooks/06_data_parallelism.ipynb`.
 
     model = NaiveDataParallel(model)       # broadcasts rank 0's weights, checks replicas
     loss = loss_fn(model(x), y)

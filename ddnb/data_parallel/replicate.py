@@ -16,7 +16,7 @@ model, so ranks whose models differ get an error, never a hang in a later broadc
 Bit-exact equality is the right test: a broadcast copies bytes, and data-parallel
 training keeps replicas bit-identical only if they start so (Li et al., "PyTorch
 Distributed", VLDB 2020, Sec. 3.2.1: DDP broadcasts the state from rank 0 at
-construction for the same reason). Taught in `notebooks/06_data_parallel.ipynb`.
+construction for the same reason). Taught in `notebooks/06_data_parallelism.ipynb`.
 """
 from __future__ import annotations
 

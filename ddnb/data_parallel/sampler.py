@@ -16,7 +16,7 @@ layout is torch.utils.data.DistributedSampler's; `shard_indices` is it as a pure
 function, so it can be checked without a cluster (tests/test_data_parallel.py).
 Goyal et al. 2017 ("Accurate, large minibatch SGD", Sec. 3) explain why the shuffle
 must be a single global permutation split across workers, not N local ones.
-Taught in `notebooks/06_data_parallel.ipynb`.
+Taught in `notebooks/06_data_parallelism.ipynb`.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Plots and widgets. Each plot is one function that takes plain data (lists, dicts), so
-it can be drawn and tested without a cluster."""
+it can be drawn and tested without a cluster.
+Each module names the notebook that teaches it, from `notebooks/00_getting_started.ipynb` on.
+"""
 from ddnb.viz.allreduce_steps import AllreduceAnimation, allreduce_steps, plot_allreduce_steps
 from ddnb.viz.bandwidth import plot_allreduce_times, plot_bytes_per_rank
 from ddnb.viz.buffers import plot_buffers

@@ -8,6 +8,7 @@ ring (Patarasuk & Yuan 2009: N−1 reduce-scatter steps, then N−1 all-gather s
 s rank r sends chunk (r − s − 1) mod N to r + 1, so that rank r ends the
 reduce-scatter holding chunk r), binomial tree (reduce to rank 0, then
 broadcast), and naive (every rank sends to rank 0, which sends the result back).
+Taught in `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
 

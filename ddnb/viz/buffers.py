@@ -1,6 +1,8 @@
 """Per-rank buffers before and after a collective, drawn as coloured cells: the picture
 of what broadcast, scatter, gather, reduce, all-gather, reduce-scatter, all-reduce and
-all-to-all do. Values are plain lists (one list of numbers per rank; None = empty)."""
+all-to-all do. Values are plain lists (one list of numbers per rank; None = empty).
+Taught in `notebooks/03_collectives.ipynb`.
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

@@ -11,7 +11,7 @@
 
 `before`/`after` are lists (one per rank) of lists (one norm per layer), e.g. gathered from
 every rank's `model.grad_norm_history[-1]`; `stack_history` turns the per-rank histories
-into per-step ones for the explorer. Taught in `notebooks/06_data_parallel.ipynb` and
+into per-step ones for the explorer. Taught in `notebooks/06_data_parallelism.ipynb` and
 `notebooks/07_horovod.ipynb`.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-rank memory as stacked bars: parameters, gradients, optimizer state, activations.
 Takes plain dicts of bytes, one per rank (what `ddnb.memory.model_memory` returns, with
-"activations" from `ddnb.memory.SavedActivations.peak` added), so it draws without a cluster.
+"activations" from the `peak` of a `ddnb.memory.SavedActivations` added), so it draws without a cluster.
 Used from `notebooks/08_model_parallelism.ipynb` on."""
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Plots of parameter-server runs, from the plain dicts `ddnb.parameter_server.train`
-returns on each rank and the traffic counted from traces (`parameter_server.traffic`)."""
+returns on each rank and the traffic counted from traces (`parameter_server.traffic`).
+Taught in `notebooks/04_parameter_server.ipynb`.
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

@@ -1,6 +1,8 @@
 """A per-rank timeline of traced events: one row per rank, compute and communication in
 different colours, messages drawn as arrows from sender to receiver.
-Takes the plain event dicts of `ddnb.trace` (see `ddnb.trace.flatten`)."""
+Takes the plain event dicts of `ddnb.trace` (see `ddnb.trace.flatten`).
+Taught in `notebooks/03_collectives.ipynb`, and used from there on.
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

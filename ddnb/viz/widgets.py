@@ -2,7 +2,9 @@
 
 Widgets draw their figures into an `ipywidgets.Image` (PNG bytes), not an Output widget:
 an image is part of the widget's state, so it is saved with the notebook and never leaks
-into the cell's outputs, whoever runs the notebook (JupyterLab, nbclient, nbval)."""
+into the cell's outputs, whoever runs the notebook (JupyterLab, nbclient, nbval).
+Taught in `notebooks/00_getting_started.ipynb` and `notebooks/06_data_parallelism.ipynb`.
+"""
 from __future__ import annotations
 
 import io
