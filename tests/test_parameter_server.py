@@ -25,7 +25,7 @@ from ddnb.errors import WorkerError
 from ddnb.models import accuracy, flat_params, mlp
 from ddnb.parameter_server import (PSConfig, Server, assemble, bound, bytes_per_step, checkpoint_file,
                                    final_params, may_proceed, partition, staleness_bound, traffic, train,
-                                   train_allreduce, worker_batch)
+                                   train_allreduce, train_on_cluster, worker_batch)
 from ddnb.parameter_server.messages import HEADER_BYTES, PUSH, decode, header
 from ddnb.trace import take_events
 
@@ -86,6 +86,29 @@ def test_partition_by_layer_and_by_bytes():
         partition(model, 3, "layer")
     with pytest.raises(ValueError, match="by="):
         partition(model, 2, "rows")
+
+
+def test_train_on_cluster_names_the_straggler_and_validates_before_resizing():
+    class FakeCluster:
+        def __init__(self):
+            self.calls = []
+
+        def resize(self, n):
+            self.calls.append(("resize", n))
+
+        def run(self, fn, *args):
+            self.calls.append(("run", fn, args))
+            return ["per-rank dicts"]
+
+    c = FakeCluster()
+    out = train_on_cluster(c, MODEL, "data", workers=3, servers=2, mode="asp", straggler_delay=0.01, steps=5, lr=0.05)
+    assert out == ["per-rank dicts"]
+    assert c.calls == [("resize", 5), ("run", train, (PSConfig(servers=2, mode="asp", straggler_rank=4,
+                                                               straggler_delay=0.01, steps=5, lr=0.05), MODEL, "data"))]
+    c = FakeCluster()
+    with pytest.raises(ValueError, match="staleness=2 is only used by mode='ssp'"):
+        train_on_cluster(c, MODEL, "data", workers=2, staleness=2)
+    assert c.calls == []                     # nothing resized or run
 
 
 def test_consistency_rule_and_bounds():

@@ -85,6 +85,35 @@ def test_parameter_server_plots_draw_from_plain_results():
     assert sorted(p.get_height() for p in ax.patches) == [0.5, 0.5, 2.0, 2.0]
 
 
+def test_parameter_server_explorer_draws_what_its_run_fn_returns():
+    """The widget trains nothing itself: Run passes its knobs to run_fn and draws the
+    per-rank dicts it returns; a failed run is shown in the status, not raised."""
+    from ddnb.viz.parameter_server import ParameterServerExplorer
+
+    server = {"role": "server", "history": [{"time": 0.1, "version": 1, "loss": 2.0}],
+              "applied": [{"worker": 1, "staleness": 1}]}
+    calls = []
+
+    def run_fn(**knobs):
+        calls.append(knobs)
+        return [server, {"role": "worker"}]
+
+    explorer = ParameterServerExplorer(run_fn, max_workers=3, steps=20)
+    explorer.mode.value, explorer.delay.value = "ssp", 0.01
+    assert explorer.run() == [server, {"role": "worker"}]
+    assert calls == [{"workers": 3, "servers": 1, "mode": "ssp", "staleness": 2, "straggler_delay": 0.01, "steps": 20}]
+    assert explorer.status.value == "done: ssp(2), 3 workers, 1 server, straggler 10 ms"
+    assert bytes(explorer.image.value).startswith(b"\x89PNG")
+
+    def fails(**knobs):
+        raise ValueError("invalid PSConfig for world_size=4: servers=3 ...\nsecond line")
+
+    explorer.run_fn, explorer.mode.value = fails, "asp"
+    assert explorer.run() is None
+    assert explorer.status.value == "ValueError: invalid PSConfig for world_size=4: servers=3 ..."
+    assert list(explorer.runs) == ["ssp(2), 3 workers, 1 server, straggler 10 ms"]
+
+
 def test_scaling_table_speedup_and_efficiency():
     from ddnb.viz import scaling_table
 

@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddnb.data import Dataset
-from ddnb.models import flat_grads, flat_params, load_flat
-from ddnb.parameter_server.worker import worker_batch
+from ddnb.models import flat_params
+from ddnb.parameter_server.worker import forward_backward, worker_batch
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -61,13 +61,8 @@ def train_allreduce(config, model_fn, dataset, loss_fn=None, tracer: Tracer | No
     dist.barrier(group=group)
     t0 = time.time()
     for step in range(config.steps):
-        load_flat(model, params.detach())
         x, y = worker_batch(dataset, worker, len(workers), config.batch_size, step, config.seed)  # (B, ...), (B,)
-        with tr.span("compute", "forward-backward"):
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            grad = flat_grads(model)                            # (S,)
+        loss, grad = forward_backward(model, params.detach(), x, y, loss_fn, tracer)              # (), (S,)
         # the N gradients' mean on every worker; check=False: every worker passes the same (S,) by construction
         allreduce(grad, op="avg", group=group, tracer=tracer, check=False)
         with tr.span("compute", "optimizer"):

@@ -36,10 +36,10 @@ import torch
 from torch import nn
 
 from ddnb.collectives import chunk_bounds, p2p
-from ddnb.models import flat_grads, flat_params, load_flat
+from ddnb.models import flat_params, load_flat
 from ddnb.parameter_server.messages import ParameterServerError, message_device, wait_within
 from ddnb.parameter_server.server import Server
-from ddnb.parameter_server.worker import worker_batch
+from ddnb.parameter_server.worker import forward_backward, worker_batch
 from ddnb.trace import get_tracer
 
 BY = ("layer", "bytes")
@@ -210,13 +210,8 @@ def train_colocated(config, model, dataset, loss_fn, shards: list[Shard], server
         if wire is not flat:
             flat.copy_(wire)
         clock = server.version
-        load_flat(model, flat)
-        x, y = worker_batch(dataset, me, n, config.batch_size, clock, config.seed)
-        with tr.span("compute", "forward-backward"):
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            grad = flat_grads(model)                                     # (S,)
+        x, y = worker_batch(dataset, me, n, config.batch_size, clock, config.seed)   # (B, ...), (B,)
+        loss, grad = forward_backward(model, flat, x, y, loss_fn, tracer)             # (), (S,)
         if config.straggler_rank == me and config.straggler_delay > 0:
             with tr.span("other", "straggler delay"):
                 time.sleep(config.straggler_delay)

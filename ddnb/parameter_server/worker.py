@@ -41,6 +41,18 @@ def worker_batch(dataset, worker: int, num_workers: int, batch_size: int, clock:
     return batch(shard(dataset, worker, num_workers), batch_size, clock, worker_seed(seed, worker))
 
 
+def forward_backward(model, params: torch.Tensor, x, y, loss_fn, tracer: Tracer | None = None):
+    """One worker's compute of a step, as written once for the servers, the co-located
+    ranks and the all-reduce: load the flat parameters (S,) into `model`, forward the
+    batch x (B, ...), loss against y (B,), backward; returns (loss, flat gradient (S,))."""
+    load_flat(model, params)
+    with get_tracer(tracer).span("compute", "forward-backward"):
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss, flat_grads(model)                           # (), (S,)
+
+
 def pull(flat: torch.Tensor, servers, bounds, group, tracer=None, clock: int = 0) -> list[dict]:
     """Ask every server for its shard and receive them into flat (S,); returns the
     "params" headers (clock, version) in server order. Raises on a "stop"."""
@@ -68,35 +80,36 @@ def pull(flat: torch.Tensor, servers, bounds, group, tracer=None, clock: int = 0
     return out
 
 
-def work(model, dataset, loss_fn, servers, bounds, worker: int, num_workers: int, steps: int,
-         batch_size: int, seed: int, group, tracer: Tracer | None = None, t0: float | None = None,
-         delay: float = 0.0, silent_after: int | None = None, die: bool = False) -> dict:
-    """Run `steps` pull-compute-push steps against `servers` (ranks of `group`) holding
-    element ranges `bounds` [(start, stop)] of the flat parameter vector. `delay` s of
-    sleep per step make a straggler; `silent_after` steps the worker goes silent (stops
-    without "done", as if it died), or, with `die`, its process exits there for real, in
-    the middle of the step, after pulling (`os._exit`: no clean-up, no goodbye, like a
-    crash or an OOM kill). Returns its stats (see `train`)."""
+def work(config, model, dataset, loss_fn, shards, group, tracer: Tracer | None = None,
+         t0: float | None = None) -> dict:
+    """Run `config.steps` pull-compute-push steps against the servers (ranks 0..k-1 of
+    `group`, a group of every rank of the world), server j holding elements
+    shards[j].start..stop-1 of the flat parameter vector. If this rank is
+    `config.straggler_rank` it sleeps `straggler_delay` s per step; if it is
+    `config.fail_rank`, after `fail_after_steps` steps it goes silent (stops without
+    "done", as if it died: fail_how="silent"), or its process exits there for real, in
+    the middle of the step, after pulling (fail_how="exit": `os._exit`, no clean-up, no
+    goodbye, like a crash or an OOM kill). Returns its stats (see `train`)."""
     tr, t0 = get_tracer(tracer), t0 or time.time()
+    rank, workers = p2p.group_rank(group), config.worker_ranks(p2p.group_size(group))
+    servers, bounds = list(range(len(shards))), [(sh.start, sh.stop) for sh in shards]
+    worker, num_workers = workers.index(rank), len(workers)
+    delay = config.straggler_delay if config.straggler_rank == rank else 0.0
+    silent_after = config.fail_after_steps if config.fail_rank == rank else None
     flat = flat_params(model)                                    # (S,) pulled parameters
     stats = {"role": "worker", "worker": worker, "clocks": [], "versions": [], "losses": [], "times": [],
              "pushes": 0, "silent": False}
-    for step in range(steps):
+    for step in range(config.steps):
         fails = silent_after is not None and step == silent_after
-        if fails and not die:
+        if fails and config.fail_how != "exit":
             stats["silent"] = True
             return stats
         heads = pull(flat, servers, bounds, group, tracer, clock=step)
         if fails:
             os._exit(1)
         clock = heads[0]["clock"]
-        load_flat(model, flat)
-        x, y = worker_batch(dataset, worker, num_workers, batch_size, clock, seed)   # (B, ...), (B,)
-        with tr.span("compute", "forward-backward"):
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            grad = flat_grads(model)                             # (S,)
+        x, y = worker_batch(dataset, worker, num_workers, config.batch_size, clock, config.seed)  # (B, ...), (B,)
+        loss, grad = forward_backward(model, flat, x, y, loss_fn, tracer)                          # (), (S,)
         if delay > 0:
             with tr.span("other", "straggler delay"):
                 time.sleep(delay)

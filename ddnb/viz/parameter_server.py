@@ -1,5 +1,8 @@
-"""Plots of parameter-server runs, from the plain dicts `ddnb.parameter_server.train`
+"""Plots of parameter-server runs (Li et al. 2014, "Scaling Distributed Machine Learning
+with the Parameter Server", OSDI), from the plain dicts `ddnb.parameter_server.train`
 returns on each rank and the traffic counted from traces (`parameter_server.traffic`).
+They draw and never train: the explorer's Run button calls the function it is given
+(`ddnb.parameter_server.train_on_cluster` in the notebook) and draws what it returns.
 Taught in `notebooks/04_parameter_server.ipynb`.
 """
 from __future__ import annotations
@@ -86,13 +89,16 @@ def plot_staleness(runs: dict[str, list[dict]], ax=None, title: str = ""):
 
 class ParameterServerExplorer:
     """Widgets for the knobs of a parameter-server run (workers, server shards, mode,
-    staleness bound, straggler delay, steps); Run trains on the cluster and draws the
-    convergence, the staleness and the traffic. Results of every run are kept in `runs`."""
+    staleness bound, straggler delay, steps); Run calls `run_fn(workers=, servers=, mode=,
+    staleness=, straggler_delay=, steps=)`, which trains (e.g. `partial(train_on_cluster,
+    cluster, model_fn, train_set, lr=0.05)`) and returns the list of per-rank dicts of
+    `ddnb.parameter_server.train`, then draws the convergence and the staleness of every
+    run so far. Results of every run are kept in `runs`."""
 
-    def __init__(self, cluster, model_fn, train_set, max_workers: int = 4, steps: int = 100, **config):
+    def __init__(self, run_fn, max_workers: int = 4, steps: int = 100):
         import ipywidgets as widgets
 
-        self.cluster, self.model_fn, self.train_set, self.config = cluster, model_fn, train_set, config
+        self.run_fn = run_fn
         self.runs: dict[str, list[dict]] = {}
         self.workers = widgets.IntSlider(value=max_workers, min=1, max=max_workers, description="workers")
         self.servers = widgets.IntSlider(value=1, min=1, max=2, description="servers")
@@ -110,8 +116,7 @@ class ParameterServerExplorer:
                                     widgets.HBox([self.button, self.status]), self.image])
 
     def run(self):
-        """Train once with the widgets' values; errors are shown, not raised."""
-        from ddnb.parameter_server import PSConfig, train
+        """Run once with the widgets' values; errors are shown, not raised."""
         from ddnb.viz.widgets import figure_png
 
         k, n = self.servers.value, self.workers.value
@@ -119,13 +124,9 @@ class ParameterServerExplorer:
                 f"{n} workers, {k} server{'s' if k > 1 else ''}, straggler {self.delay.value * 1e3:.0f} ms"
         self.status.value = f"running {label}..."
         try:
-            config = PSConfig(servers=k, mode=self.mode.value,
-                              staleness=self.staleness.value if self.mode.value == "ssp" else 0,
-                              steps=self.steps.value, straggler_rank=k + n - 1 if self.delay.value else None,
-                              straggler_delay=self.delay.value, **self.config)
-            config.validate(k + n)
-            self.cluster.resize(k + n)
-            self.runs[label] = self.cluster.run(train, config, self.model_fn, self.train_set)
+            self.runs[label] = self.run_fn(workers=n, servers=k, mode=self.mode.value,
+                                           staleness=self.staleness.value if self.mode.value == "ssp" else 0,
+                                           straggler_delay=self.delay.value, steps=self.steps.value)
         except Exception as e:  # noqa: BLE001 - shown to the learner
             self.status.value = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             return None
