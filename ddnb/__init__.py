@@ -2,18 +2,18 @@
 
 What a learner types in a notebook is re-exported here; the rest is reached by its module
 path (ddnb.testing, ddnb.viz, ...). Imports are lazy, so worker processes that only need
-`ddnb.worker_env` do not pay for ipyparallel or matplotlib.
+`ddnb.runtime.worker` do not pay for ipyparallel or matplotlib.
 Taught from `notebooks/00_getting_started.ipynb` on.
 """
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Cluster": "ddnb.cluster",
-    "LostWorker": "ddnb.cluster",
-    "ClusterError": "ddnb.errors",
-    "WorkerError": "ddnb.errors",
-    "WorkerLostError": "ddnb.errors",
-    "WorkerTimeoutError": "ddnb.errors",
+    "Cluster": "ddnb.runtime.cluster",
+    "LostWorker": "ddnb.runtime.waiting",
+    "ClusterError": "ddnb.runtime.errors",
+    "WorkerError": "ddnb.runtime.errors",
+    "WorkerLostError": "ddnb.runtime.errors",
+    "WorkerTimeoutError": "ddnb.runtime.errors",
     "ProcessGrid": "ddnb.process_grid",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"bench": ("ddnb.bench", "benchmarks (allreduce): time, algbw, busbw per size")}
+COMMANDS = {"bench": ("ddnb.bench.__main__", "benchmarks: allreduce (time, algbw, busbw per size), dp (step time per strategy)")}
 
 
 def _usage() -> str:

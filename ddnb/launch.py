@@ -13,7 +13,7 @@ process group comes from the launcher's environment: torchrun's RANK / WORLD_SIZ
 MASTER_ADDR / MASTER_PORT (`init_method="env://"`; "cpu:gloo,cuda:nccl" with
 cuda:LOCAL_RANK when every local rank has a GPU, so CPU and CUDA tensors both work, else
 gloo), horovodrun's HOROVOD_RANK / HOROVOD_SIZE (`hvd.init()`).
-Each rank uses cores / local ranks intra-op threads (`ddnb.worker_env.threads_for`; e.g.
+Each rank uses cores / local ranks intra-op threads (`ddnb.runtime.worker.threads_for`; e.g.
 `DDNB_THREADS=1 horovodrun ...` overrides), which rank 0's JSON line reports as "threads".
 Rank 0 prints one JSON line; `--compare` also trains the single-process reference on the
 global batch and prints the largest parameter difference. Arguments are checked before
@@ -28,7 +28,7 @@ import os
 import sys
 from datetime import timedelta
 
-from ddnb.worker_env import limit_threads
+from ddnb.runtime.worker import limit_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +67,7 @@ def local_ranks(environ=os.environ) -> int:
     """The ranks the launcher started on this host: torchrun's LOCAL_WORLD_SIZE,
     horovodrun's HOROVOD_LOCAL_SIZE (Gloo) or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE
     (horovodrun over mpirun); 1 when none is set. Each rank gets cores / this many
-    intra-op threads (`ddnb.worker_env.threads_for`; $DDNB_THREADS overrides)."""
+    intra-op threads (`ddnb.runtime.worker.threads_for`; $DDNB_THREADS overrides)."""
     for var in LOCAL_SIZE_VARS:
         if environ.get(var, "").strip().isdigit() and int(environ[var]) >= 1:
             return int(environ[var])
@@ -76,7 +76,7 @@ def local_ranks(environ=os.environ) -> int:
 
 def set_threads() -> int:
     """Give this rank cores / local_ranks() intra-op threads, at least 1 ($DDNB_THREADS
-    overrides; `ddnb.worker_env.limit_threads`); returns the count. torchrun sets
+    overrides; `ddnb.runtime.worker.limit_threads`); returns the count. torchrun sets
     OMP_NUM_THREADS=1 and horovodrun sets nothing: under horovodrun -np 2 on 2 cores each
     rank used both cores and fought Horovod's background thread for them, 95 ms a step
     instead of 2.2 ms."""
@@ -113,8 +113,8 @@ def init_from_launcher(strategy: str, timeout: float) -> None:
 def launcher_backend(gpus: int, local_size: int) -> str:
     """"cpu:gloo,cuda:nccl" (gloo for CPU tensors, nccl for CUDA ones) when each of the
     `local_size` ranks on this node can have one of its `gpus` GPUs (cuda:LOCAL_RANK,
-    `ddnb.worker_env.rank_device()`), else "gloo"."""
-    from ddnb.worker_env import GPU_BACKEND
+    `ddnb.runtime.worker.rank_device()`), else "gloo"."""
+    from ddnb.runtime.worker import GPU_BACKEND
 
     return GPU_BACKEND if 0 < local_size <= gpus else "gloo"
 

@@ -10,7 +10,7 @@
     assert run_world(3, allreduce_rank) == [3.0, 3.0, 3.0]
 
 Each rank is a spawned process with cores / n intra-op threads, at least 1
-(`ddnb.worker_env.threads_for`; `threads=` or $DDNB_THREADS overrides it), joined
+(`ddnb.runtime.worker.threads_for`; `threads=` or $DDNB_THREADS overrides it), joined
 through a FileStore in a fresh temporary folder (no port to collide). `World(n)` keeps
 the processes (and their process group) alive across calls, which is what makes
 hundreds of multi-process tests cheap on 2 cores; `run_world` is the one-shot form.
@@ -34,8 +34,8 @@ from multiprocessing.connection import wait
 
 import cloudpickle
 
-from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
-from ddnb.worker_env import GPU_BACKEND
+from ddnb.runtime.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.runtime.worker import GPU_BACKEND
 
 # After a rank raises, how long the others get to finish before the world is declared
 # broken (they may be blocked in a collective that the failed rank never joined).
@@ -49,7 +49,7 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, bac
     import torch
     import torch.distributed as dist
 
-    from ddnb.worker_env import limit_threads
+    from ddnb.runtime.worker import limit_threads
 
     limit_threads(world_size, threads)   # threads: World's, already resolved by threads_for
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -59,7 +59,7 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, bac
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     if hvd_env is not None:
-        from ddnb.worker_env import init_horovod
+        from ddnb.runtime.worker import init_horovod
 
         init_horovod(hvd_env)
     conn.send(("ready", None))
@@ -133,12 +133,12 @@ class World:
     """N live processes in one process group (gloo by default; "nccl", "cpu:gloo,cuda:nccl"
     or "auto" as `check_backend` says, with one GPU per rank), and optionally Horovod.
     `World.backend` is the backend formed. Where CUDA is available rank r uses device
-    r % device_count, so CUDA tensors work with any backend; `ddnb.worker_env.rank_device()`
+    r % device_count, so CUDA tensors work with any backend; `ddnb.runtime.worker.rank_device()`
     on a rank is the device its tensors belong on."""
 
     def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int | None = None,
                  backend: str = "gloo"):
-        from ddnb.worker_env import threads_for
+        from ddnb.runtime.worker import threads_for
 
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"World needs an integer n >= 1, got {n!r}")
@@ -150,7 +150,7 @@ class World:
         self._rendezvous = None
         envs = [None] * n
         if horovod:
-            from ddnb.rendezvous import HorovodRendezvous
+            from ddnb.runtime.horovod import HorovodRendezvous
 
             self._rendezvous = HorovodRendezvous(["localhost"] * n, timeout=timeout)
             envs = [self._rendezvous.env(r, iface="lo") for r in range(n)]

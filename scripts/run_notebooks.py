@@ -8,7 +8,7 @@ cell that raises stops it with the error, and the notebook is not rewritten.
 Stored outputs are what a reader sees, so they must come from a quiet machine. Before each
 notebook this waits (up to --wait seconds) for the load average to fall to the core count
 and for every other ddnb cluster (engines, torchrun, horovodrun, test worlds) to be gone
-(`ddnb.conditions.busy_reasons`); if the machine stays busy it refuses, naming why, unless
+(`ddnb.runtime.conditions.busy_reasons`); if the machine stays busy it refuses, naming why, unless
 --force is given.
 """
 import argparse
@@ -19,7 +19,7 @@ import time
 import nbformat
 from nbclient import NotebookClient
 
-from ddnb.conditions import busy_reasons
+from ddnb.runtime.conditions import busy_reasons
 
 
 def wait_until_quiet(seconds: float) -> list[str]:

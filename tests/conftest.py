@@ -34,7 +34,7 @@ def _close_horovod_worlds():
 
 
 def horovod_available() -> bool:
-    from ddnb.rendezvous import horovod_available as available
+    from ddnb.runtime.horovod import horovod_available as available
 
     return available()
 

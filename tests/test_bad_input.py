@@ -46,7 +46,7 @@ from ddnb.cost import (allreduce_bytes_per_rank, allreduce_time, boundary_bytes,
 from ddnb.cost.scaling import (NETWORKS, communication_time, hierarchical_allreduce_time, network,
                                parameter_server_time, step_time, torus2d_allreduce_time)
 from ddnb.data_parallel.sampler import ShardSampler
-from ddnb.errors import WorkerError, WorkerTimeoutError
+from ddnb.runtime.errors import WorkerError, WorkerTimeoutError
 from ddnb.process_grid import ProcessGrid
 
 N = 3                 # ranks: not a power of two, so halving-doubling folds a pair

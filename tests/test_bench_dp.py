@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from ddnb import bench
-from ddnb.bench_dp import MODELS, add_ddp_columns, bench_model, dp_rows, dp_table
+from ddnb.bench.__main__ import main
+from ddnb.bench.dp import MODELS, add_ddp_columns, bench_model, dp_rows, dp_table
 from conftest import requires_horovod
 
 KEYS = {"model", "strategy", "workers", "batch", "step_time", "steps", "param_bytes", "overlap", "comm_time"}
@@ -24,7 +24,7 @@ TINY = dict(batch=4, steps=2, warmup=1, rounds=2, width=16, layers=3)
 def test_argument_errors_before_any_process(argv, message, capsys, monkeypatch):
     monkeypatch.setattr("ddnb.testing.World", None)  # starting a world would raise TypeError
     with pytest.raises(SystemExit) as e:
-        bench.main(argv)
+        main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -70,7 +70,7 @@ def test_dp_rows_horovod(world):
 
 
 def test_command_prints_json_rows(capsys):
-    assert bench.main(["dp", "--workers", "2", "--models", "many_small", "--strategies", "bucketed,ddp",
+    assert main(["dp", "--workers", "2", "--models", "many_small", "--strategies", "bucketed,ddp",
                        "--steps", "2", "--warmup", "1", "--rounds", "1", "--batch", "4", "--json"]) == 0
     out = capsys.readouterr()
     rows = json.loads(out.out)

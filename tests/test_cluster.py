@@ -11,9 +11,10 @@ import time
 import psutil
 import pytest
 
-from ddnb.cluster import Cluster, _choose_backend
-from ddnb.worker_env import threads_for
-from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.runtime.cluster import Cluster
+from ddnb.runtime.placement import choose_backend as _choose_backend
+from ddnb.runtime.worker import threads_for
+from ddnb.runtime.errors import WorkerError, WorkerLostError, WorkerTimeoutError
 from conftest import requires_horovod
 
 
@@ -120,7 +121,7 @@ def test_asynchronous_ps_outlives_a_worker_whose_process_dies():
     until restart; nothing is left running."""
     from functools import partial
 
-    from ddnb.cluster import LostWorker
+    from ddnb import LostWorker
     from ddnb.data import digits
     from ddnb.models import mlp
     from ddnb.parameter_server import PSConfig, train
@@ -212,7 +213,7 @@ def test_engines_exit_when_the_kernel_is_killed(tmp_path):
     script = tmp_path / "kernel.py"
     script.write_text(textwrap.dedent("""
         import sys, time
-        from ddnb.cluster import Cluster
+        from ddnb.runtime.cluster import Cluster
         c = Cluster(n=2, timeout=30)
         print(" ".join(map(str, c.pids())), flush=True)
         time.sleep(120)
@@ -245,14 +246,16 @@ def test_horovod_on_the_same_engines():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(n=0), r"n=0 workers: accepted are 1 to 64"),
-    (dict(n=-2), r"accepted are 1 to 64"),
-    (dict(n=1000), r"n=1000 workers: accepted are 1 to 64"),
-    (dict(n=2.5), r"n must be an integer"),
-    (dict(n="4"), r"n must be an integer"),
+    (dict(n=0), r"^Cluster: n=0: need an integer >= 1 and <= 64 workers"),
+    (dict(n=-2), r"n=-2: need an integer >= 1 and <= 64"),
+    (dict(n=1000), r"n=1000: need an integer >= 1 and <= 64 workers \(for more, connect to an ipcluster"),
+    (dict(n=2.5), r"n=2.5: need an integer"),
+    (dict(n="4"), r"n='4': need an integer"),
     (dict(backend="mpi"), r"backend='mpi' is not one of \('auto', 'gloo', 'nccl'\)"),
-    (dict(timeout=0), r"timeout must be a positive number"),
-    (dict(threads=0), r"threads must be an integer >= 1"),
+    (dict(timeout=0), r"timeout=0: need a number > 0 \(seconds\)"),
+    (dict(threads=0), r"threads=0: need an integer >= 1"),
+    (dict(n=0, backend="mpi", timeout=-1, threads=1.5),   # every problem, in one error
+     r"^Cluster: n=0: .*; backend='mpi' is not one of .*; timeout=-1: .*; threads=1.5: need an integer >= 1$"),
 ])
 def test_bad_arguments_fail_before_anything_starts(kwargs, message):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -279,7 +282,7 @@ def test_backend_selection():
 def test_device_follows_the_backend():
     import torch
 
-    from ddnb.worker_env import device_for, rank_device
+    from ddnb.runtime.worker import device_for, rank_device
 
     assert device_for("gloo", 1) == torch.device("cpu")
     assert device_for("nccl", 1) == device_for("cpu:gloo,cuda:nccl", 1) == torch.device("cuda", 1)
@@ -287,7 +290,7 @@ def test_device_follows_the_backend():
 
 
 def test_resize_rejects_bad_sizes(cluster):
-    with pytest.raises(ValueError, match="accepted are 1 to 64"):
+    with pytest.raises(ValueError, match="n=0: need an integer >= 1 and <= 64"):
         cluster.resize(0)
 
 
@@ -322,7 +325,8 @@ def test_connect_to_an_ipcluster_started_elsewhere(tmp_path):
     """The several-machines path: ipcluster (here: local engines, in another process) is
     started on its own, and Cluster connects to it by cluster id and profile directory.
     stop() leaves that ipcluster's engines running: they are not ours."""
-    from ddnb import timing, worker_env
+    from ddnb import timing
+    from ddnb.runtime import worker
 
     ipcluster = os.path.join(os.path.dirname(sys.executable), "ipcluster")
     args = ["--cluster-id=ddnb-test", f"--profile-dir={tmp_path}"]
@@ -334,7 +338,7 @@ def test_connect_to_an_ipcluster_started_elsewhere(tmp_path):
         pids = c.run(os.getpid)
         assert len(set(pids)) == 2 and os.getpid() not in pids
         assert c.run(timing.time_allreduce, 1000, iters=2)[0] > 0  # a real all-reduce on the world
-        assert [i["pid"] for i in c.run(worker_env.describe)] == pids
+        assert [i["pid"] for i in c.run(worker.describe)] == pids
         c.stop()
         assert all(psutil.pid_exists(p) for p in pids)  # the external engines keep running
     finally:

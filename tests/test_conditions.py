@@ -1,4 +1,4 @@
-"""ddnb.conditions: the facts stated at the top of every notebook, and the quiet-machine
+"""ddnb.runtime.conditions: the facts stated at the top of every notebook, and the quiet-machine
 check that `make notebooks` (scripts/run_notebooks.py) runs before storing outputs."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ddnb import conditions as cond
+from ddnb.runtime import conditions as cond
 
 
 def test_conditions_state_cores_load_and_mode():

@@ -132,7 +132,7 @@ def test_pingpong_on_two_and_three_ranks(world):
 
 
 def test_pingpong_needs_two_ranks(world):
-    from ddnb.errors import WorkerError
+    from ddnb.runtime.errors import WorkerError
 
     with pytest.raises(WorkerError, match=r"pingpong needs a world of >= 2 ranks, got world_size=1"):
         world(1).run(pingpong, [4], 1)
@@ -169,7 +169,7 @@ def test_sendrecv_every_rank_gets_the_slowest(world):
 
 def test_pair_exchange_same_answer_on_every_rank_and_bad_input(world):
     from ddnb.cost import pair_exchange
-    from ddnb.errors import WorkerError
+    from ddnb.runtime.errors import WorkerError
 
     for n, active in [(2, None), (3, None), (4, 2), (4, 4)]:
         got = world(n).run(pair_exchange, 4096, active, 20)

@@ -368,7 +368,7 @@ def test_sampler_bad_input():
 # ---------------------------------------------------------------- Horovod
 @pytest.fixture(scope="module")
 def hvd_world():
-    """A 2-rank Horovod world of this module's own (ddnb.rendezvous sets
+    """A 2-rank Horovod world of this module's own (ddnb.runtime.horovod sets
     HOROVOD_TIMELINE=DYNAMIC, so hvd.start_timeline works), closed at the end of the module
     so that its background thread does not slow the other tests."""
     from ddnb.testing import World

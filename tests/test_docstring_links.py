@@ -43,7 +43,7 @@ def rel(path: pathlib.Path) -> str:
 
 def test_the_checks_catch_what_they_are_for():
     assert resolves("ddnb.collectives.ring.ring_allreduce") and resolves("ddnb.cost")
-    assert not resolves("ddnb.viz.ring") and not resolves("ddnb.rendezvous.horovod_env")
+    assert not resolves("ddnb.viz.ring") and not resolves("ddnb.runtime.horovod.horovod_env")
     assert NOTEBOOK.findall("see `notebooks/06_data_parallel.ipynb`") == ["notebooks/06_data_parallel.ipynb"]
     assert DOTTED.findall("`ddnb.cost.alpha_beta`, python -m ddnb.bench allreduce, ddnb/viz/x.py") == [
         "ddnb.cost.alpha_beta", "ddnb.bench"]

@@ -15,7 +15,7 @@ import pytest
 from conftest import requires_horovod
 from ddnb.data_parallel.train import reference_digits, train_digits
 from ddnb.launch import launcher_backend, launcher_env, local_ranks, main, set_threads
-from ddnb.worker_env import threads_for
+from ddnb.runtime.worker import threads_for
 
 BIN = os.path.dirname(sys.executable)
 # 674 training digits on 2 ranks, 32 a step: an epoch is 10 steps, so 12 steps cross into epoch 1

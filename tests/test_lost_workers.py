@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from ddnb.cluster import Cluster
-from ddnb.errors import WorkerLostError
+from ddnb.runtime.cluster import Cluster
+from ddnb.runtime.errors import WorkerLostError
 from test_cluster import gone, rank_info
 
 VICTIM = 1

@@ -1,11 +1,11 @@
-"""ddnb.model_parallel: a GPT split across 2 and 4 ranks has the gradients of the unsplit
+"""ddnb.pipeline_parallel.naive: a GPT split across 2 and 4 ranks has the gradients of the unsplit
 model; partitions; validation before any message; bytes per step as the cost model says."""
 import pytest
 import torch
 
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
-from ddnb.errors import WorkerError
-from ddnb.model_parallel import (balanced_partition, bytes_by_name, check_bounds, idle_fractions, imbalance,
+from ddnb.runtime.errors import WorkerError
+from ddnb.pipeline_parallel.naive import (balanced_partition, bytes_by_name, check_bounds, idle_fractions, imbalance,
                                  measure_layer_times, partition, stage_params, stage_totals)
 from ddnb.models import GPTConfig, gpt, lm_loss, mlp, synthetic_task
 
@@ -29,7 +29,7 @@ def split_step(cfg, seed, strategy, steps=1, lr=0.0):
     """Runs on every rank: this stage's loss (last rank), grads, bounds and traced events."""
     import torch.distributed as dist
 
-    from ddnb.model_parallel import NaiveModelParallel, partition
+    from ddnb.pipeline_parallel.naive import NaiveModelParallel, partition
     from ddnb.models import gpt, lm_loss, synthetic_task
     from ddnb.trace import Tracer
 
@@ -90,7 +90,7 @@ def test_bytes_per_step_equal_the_activation_size(world):
 
 
 def bad_stage(cfg, bounds):
-    from ddnb.model_parallel import NaiveModelParallel
+    from ddnb.pipeline_parallel.naive import NaiveModelParallel
     from ddnb.models import gpt
 
     NaiveModelParallel(gpt(cfg), bounds)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ddnb.cost import allreduce_bytes_per_rank
 from ddnb.data import digits
-from ddnb.errors import WorkerError
+from ddnb.runtime.errors import WorkerError
 from ddnb.models import accuracy, flat_params, mlp
 from ddnb.parameter_server import (PSConfig, Server, assemble, bound, bytes_per_step, checkpoint_file,
                                    final_params, may_proceed, partition, staleness_bound, traffic, train,

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddnb.cluster import Cluster
+from ddnb.runtime.cluster import Cluster
 from ddnb.timing import time_allreduce
 from test_cluster import _stop_ipcluster
 

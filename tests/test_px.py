@@ -1,4 +1,4 @@
-"""A worker lost inside a %%px cell is named by its rank (ddnb.px), not only by the engine
+"""A worker lost inside a %%px cell is named by its rank (ddnb.runtime.px), not only by the engine
 id ipyparallel reports: after a resize the two differ."""
 import os
 import subprocess
@@ -7,7 +7,7 @@ import textwrap
 
 from ipyparallel.error import CompositeError
 
-from ddnb.px import dead_engines, lost_worker_message
+from ddnb.runtime.px import dead_engines, lost_worker_message
 
 WORKERS = [{"rank": 0, "engine_id": 0, "pid": 100, "host": "a"},
            {"rank": 1, "engine_id": 1, "pid": 101, "host": "a"},

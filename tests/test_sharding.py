@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddnb.errors import WorkerError
+from ddnb.runtime.errors import WorkerError
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.cost import zero_comm_bytes
 from ddnb.sharding import (FlatUnit, ZeroStage1, activation_cost, checkpoint_blocks, expected_state_bytes,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ddnb import Cluster
-from ddnb.tasks import (LogUniform, TaskResult, check_config, ensemble_accuracy, grid, random_search,
-                        results_table, run_tasks, task_events, time_task_set, train_digits_task)
+from ddnb.search import LogUniform, check_config, ensemble_accuracy, grid, random_search, train_digits_task
+from ddnb.tasks import TaskResult, results_table, run_tasks, task_events, time_task_set
 
 SMALL = {"steps": 30, "hidden": 16}
 

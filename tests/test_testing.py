@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddnb.errors import WorkerError, WorkerLostError, WorkerTimeoutError
+from ddnb.runtime.errors import WorkerError, WorkerLostError, WorkerTimeoutError
 from ddnb.testing import World, check_backend, run_world
-from ddnb.worker_env import threads_for
+from ddnb.runtime.worker import threads_for
 from conftest import requires_horovod
 
 
@@ -22,7 +22,7 @@ def rank_and_sum():
 def test_results_in_rank_order(world, n):
     got = world(n).run(rank_and_sum)
     total = n * (n + 1) / 2
-    # each rank: the cores / n intra-op threads, at least 1 (ddnb.worker_env.threads_for)
+    # each rank: the cores / n intra-op threads, at least 1 (ddnb.runtime.worker.threads_for)
     assert got == [(r, n, total, threads_for(n)) for r in range(n)]
 
 

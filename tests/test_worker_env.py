@@ -1,11 +1,11 @@
-"""ddnb.worker_env's thread rule: every ddnb process gets cores / local ranks intra-op
+"""ddnb.runtime.worker's thread rule: every ddnb process gets cores / local ranks intra-op
 threads, at least 1, unless `threads=` or $DDNB_THREADS says otherwise."""
 import os
 
 import pytest
 import torch
 
-from ddnb.worker_env import available_cores, limit_threads, threads_for
+from ddnb.runtime.worker import available_cores, limit_threads, threads_for
 
 
 def test_cores_are_this_process_s_affinity():
@@ -17,12 +17,12 @@ def test_cores_are_this_process_s_affinity():
 def test_cores_divided_among_the_local_ranks_at_least_one(local_ranks, monkeypatch):
     monkeypatch.delenv("DDNB_THREADS", raising=False)
     assert threads_for(local_ranks) == max(1, available_cores() // local_ranks)
-    monkeypatch.setattr("ddnb.worker_env.available_cores", lambda: 8)
+    monkeypatch.setattr("ddnb.runtime.worker.available_cores", lambda: 8)
     assert threads_for(local_ranks) == max(1, 8 // local_ranks)
 
 
 def test_the_argument_then_the_environment_override_the_rule(monkeypatch):
-    monkeypatch.setattr("ddnb.worker_env.available_cores", lambda: 8)
+    monkeypatch.setattr("ddnb.runtime.worker.available_cores", lambda: 8)
     monkeypatch.setenv("DDNB_THREADS", "3")
     assert threads_for(4) == 3 and threads_for(4, threads=5) == 5
     monkeypatch.setenv("DDNB_THREADS", " ")   # blank: not set

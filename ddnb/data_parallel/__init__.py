@@ -11,7 +11,7 @@ the same step (the global-batch step). Naive first, then better:
                                                    the same training with Horovod, and its timeline
 
 Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`; measured
-by `python -m ddnb.bench dp` (`ddnb/bench_dp.py`).
+by `python -m ddnb.bench dp` (`ddnb/bench/dp.py`).
 """
 from ddnb.data_parallel.bucketed import BucketedDataParallel, assign_buckets, overlap_stats
 from ddnb.data_parallel.horovod import horovod_optimizer, horovod_timeline, horovod_timeline_events

@@ -33,14 +33,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddnb.model_parallel import partition as _partition
+from ddnb.pipeline_parallel.naive import partition as _partition
 from ddnb.trace import Tracer, get_tracer
 
 
 def partition(layers: int, stages: int) -> list[tuple[int, int]]:
     """Contiguous [start, end) layer ranges of `stages` stages over `layers` layers, as
     equal as possible (the first `layers % stages` stages get one more layer): chapter 08's
-    `ddnb.model_parallel.partition(layers, stages, "equal")`, where the balanced splits are."""
+    `ddnb.pipeline_parallel.naive.partition(layers, stages, "equal")`, where the balanced splits are."""
     return _partition(layers, stages, "equal")
 
 

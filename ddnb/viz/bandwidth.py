@@ -1,6 +1,6 @@
 """All-reduce time and bus bandwidth against message size, one line per algorithm, with
 the cost model's prediction dashed beside the measurement. Takes the rows of
-`ddnb.bench.allreduce_rows` (dicts with size, algorithm, time, busbw, and optionally
+`ddnb.bench.allreduce.allreduce_rows` (dicts with size, algorithm, time, busbw, and optionally
 predicted_time).
 Taught in `notebooks/05_allreduce.ipynb`.
 """

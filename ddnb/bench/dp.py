@@ -149,8 +149,8 @@ def dp_rows(world, models=tuple(MODELS), strategies=STRATEGIES, batch: int = 32,
             width: int | None = None, layers: int | None = None, log=None) -> list[dict]:
     """Rows {model, strategy, workers, batch, step_time, steps, param_bytes, overlap,
     comm_time, threads}, one per (model, strategy), measured on `world` (see `rank_dp`;
-    threads: the ranks' intra-op threads, `ddnb.bench.world_threads`)."""
-    from ddnb.bench import world_threads
+    threads: the ranks' intra-op threads, `ddnb.bench.allreduce.world_threads`)."""
+    from ddnb.bench.allreduce import world_threads
 
     rows, threads = [], world_threads(world)
     for m in models:

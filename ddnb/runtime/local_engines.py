@@ -22,7 +22,7 @@ import time
 import ipyparallel as ipp
 import psutil
 
-from ddnb.errors import WorkerTimeoutError
+from ddnb.runtime.errors import WorkerTimeoutError
 
 HEARTBEAT_MS = 500              # ipyparallel: 3000
 HEARTBEAT_MISSES = 60           # x 0.5 s = 30 s before a silent engine is dropped, as 10 x 3 s is

@@ -7,7 +7,7 @@ machine: how many cores, what else runs on them, whether the cluster is real or 
 figure can be read against them; `busy_reasons()` is what `make notebooks`
 (`scripts/run_notebooks.py`) checks before it runs a notebook and stores its outputs.
 
-    from ddnb.conditions import conditions
+    from ddnb.runtime.conditions import conditions
     print(conditions())   # 2 cores (Intel(R) Xeon(R) Processor), torch 2.13.0, real processes ...
 
 "Quiet" here means: the load average over the last minute is at most the number of cores,
@@ -22,7 +22,7 @@ import platform
 import time
 from dataclasses import dataclass
 
-from ddnb.worker_env import available_cores
+from ddnb.runtime.worker import available_cores
 
 # Command-line fragments of processes that run a ddnb cluster's workers (or drive one).
 CLUSTER_MARKERS = ("ipyparallel.engine", "ipyparallel.controller", "ipengine", "ipcontroller",
@@ -30,7 +30,7 @@ CLUSTER_MARKERS = ("ipyparallel.engine", "ipyparallel.controller", "ipengine", "
 
 
 def cores() -> int:
-    """The CPU cores this process may run on (`ddnb.worker_env.available_cores`)."""
+    """The CPU cores this process may run on (`ddnb.runtime.worker.available_cores`)."""
     return available_cores()
 
 

@@ -18,17 +18,16 @@ import os
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
 
 import ipyparallel as ipp
 import psutil
 
-from ddnb import local_engines, px, worker_env
-from ddnb.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
-from ddnb.local_engines import quiet as _quiet, reap as _reap
-
-MAX_LOCAL_WORKERS = 64
-BACKENDS = ("auto", "gloo", "nccl")
+from ddnb._checks import Checks
+from ddnb.runtime import horovod as horovod_rt, local_engines, px, worker
+from ddnb.runtime.errors import ClusterError, WorkerLostError, WorkerTimeoutError
+from ddnb.runtime.local_engines import quiet as _quiet, reap as _reap
+from ddnb.runtime.placement import BACKENDS, assign_ranks, check_n, choose_backend
+from ddnb.runtime.waiting import await_ranks, pid_alive
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
@@ -36,26 +35,6 @@ _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 def _stop_all():
     for cluster in list(_live_clusters):
         cluster.stop()
-
-
-def _choose_backend(backend: str, hosts: list[str], gpus: list[int]) -> tuple[str, str | None]:
-    """"auto": worker_env.GPU_BACKEND ("cpu:gloo,cuda:nccl": CPU tensors over gloo, CUDA
-    tensors over nccl) when every worker can have a GPU of its own on its host, else gloo.
-    "nccl": pure nccl (what was asked for; CPU tensors then fail), or ValueError without
-    a GPU per worker. Returns (backend, message) where message explains a fallback."""
-    if backend == "gloo":
-        return "gloo", None
-    per_host = {h: hosts.count(h) for h in hosts}
-    gpus_on = dict(zip(hosts, gpus))
-    short = {h: (n, gpus_on[h]) for h, n in per_host.items() if gpus_on[h] < n}
-    if not short:
-        return ("nccl" if backend == "nccl" else worker_env.GPU_BACKEND), None
-    why = ", ".join(f"{h}: {n} workers but {g} GPU{'s' if g != 1 else ''}" for h, (n, g) in short.items())
-    if backend == "nccl":
-        raise ValueError(f"backend='nccl' needs one GPU per worker ({why}); use backend='gloo' or fewer workers")
-    if any(gpus):
-        return "gloo", f"fewer GPUs than workers ({why}): using gloo on CPU"
-    return "gloo", None
 
 
 class Cluster:
@@ -80,7 +59,7 @@ class Cluster:
     master_addr : address of rank 0 for the TCP rendezvous (default: 127.0.0.1 when every
         worker is on this host, else rank 0's host name).
     threads : intra-op threads per worker (default: $DDNB_THREADS, else the cores of its
-        host / the workers on that host, at least 1: `ddnb.worker_env.threads_for`).
+        host / the workers on that host, at least 1: `ddnb.runtime.worker.threads_for`).
     start_timeout : seconds that starting engines and forming the world may take
         (default: the larger of `timeout` and 60; an engine imports torch as it starts).
     """
@@ -91,16 +70,13 @@ class Cluster:
                  master_addr: str | None = None, threads: int | None = None,
                  start_timeout: float | None = None, start: bool = True):
         self._connect = profile is not None or cluster_id is not None or profile_dir is not None
-        _check_n(n, allow_none=self._connect)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if threads is not None and not (isinstance(threads, int) and threads >= 1):
-            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-        if horovod and not _horovod_available():
-            raise ValueError("horovod=True but Horovod with PyTorch is not installed "
-                             "(run `make lab` or scripts/install_horovod.sh)")
+        with Checks("Cluster") as check:
+            check_n(n, allow_none=self._connect, check=check)
+            check.choice("backend", backend, BACKENDS)
+            check.number("timeout", timeout, positive=True, why=" (seconds)")
+            check.integer("threads", threads, min=1, none=True)
+            check.rule(not horovod or horovod_rt.horovod_available(), "horovod=True but Horovod with PyTorch "
+                       "is not installed (run `make lab` or scripts/install_horovod.sh)")
         self.n, self.backend_requested, self.horovod = n, backend, horovod
         self.timeout, self.profile, self.cluster_id = float(timeout), profile, cluster_id
         self.profile_dir = profile_dir
@@ -132,12 +108,12 @@ class Cluster:
                 laps.lap("connect")
             else:
                 self._start_local(self.n, laps.lap)
-            self._form_world(self._usable_engines(self.n), laps.lap)
+            self._form_world(self._engine_ids()[:self.n], laps.lap)  # n=None: all
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
-        self.startup_phases = laps.phases  # seconds per phase of this start (ddnb/local_engines.py)
+        self.startup_phases = laps.phases  # seconds per phase of this start (ddnb/runtime/local_engines.py)
         return self
 
     def _start_local(self, n: int, lap=local_engines.no_lap) -> None:
@@ -147,10 +123,10 @@ class Cluster:
         lap("engines")
 
     def _add_engines(self, k: int) -> None:
-        threads = worker_env.threads_for(len(self._engine_ids()) + k, self.threads)
+        threads = worker.threads_for(len(self._engine_ids()) + k, self.threads)
         new = local_engines.start_engines(self._ipp, self.client, k, threads, self.start_timeout)
         also_kill = (self._controller_pid,) if self._controller_pid else ()
-        self._engine_pids.update(self._await([self.client[e].apply_async(worker_env.watch_parent, os.getpid(),
+        self._engine_pids.update(self._await([self.client[e].apply_async(worker.watch_parent, os.getpid(),
                                                                          also_kill) for e in new],
                                              new, "watch_parent", self.start_timeout))
 
@@ -183,37 +159,26 @@ class Cluster:
     def _engine_ids(self) -> list[int]:
         return sorted(self.client.ids) if self.client is not None else []
 
-    def _usable_engines(self, n: int | None) -> list[int]:
-        ids = self._engine_ids()
-        return ids if n is None else ids[:n]
-
     def _form_world(self, engine_ids: list[int], lap=local_engines.no_lap) -> None:
         """Assign ranks, choose the backend, initialize torch.distributed (and Horovod)."""
-        infos = self._await([self.client[e].apply_async(worker_env.describe) for e in engine_ids],
+        infos = self._await([self.client[e].apply_async(worker.describe) for e in engine_ids],
                             engine_ids, "describe", self.start_timeout)
         lap("describe")   # the engines' first task: it waits for their torch import
-        hosts_order = list(dict.fromkeys(i["host"] for i in infos))
-        order = sorted(range(len(engine_ids)), key=lambda k: (hosts_order.index(infos[k]["host"]), engine_ids[k]))
-        engine_ids, infos = [engine_ids[k] for k in order], [infos[k] for k in order]
-        hosts = [i["host"] for i in infos]
+        self.workers = assign_ranks(engine_ids, infos)
+        engine_ids, hosts = [w["engine_id"] for w in self.workers], [w["host"] for w in self.workers]
         world = len(engine_ids)
-        self.backend, note = _choose_backend(self.backend_requested, hosts, [i["gpus"] for i in infos])
+        self.backend, note = choose_backend(self.backend_requested, hosts, [w["gpus"] for w in self.workers])
         if note:
             warnings.warn(note, stacklevel=3)
-        local = {h: 0 for h in hosts}
-        self.workers = []
-        for rank, (eid, info) in enumerate(zip(engine_ids, infos)):
-            local_rank, local[info["host"]] = local[info["host"]], local[info["host"]] + 1
-            self.workers.append(dict(rank=rank, engine_id=eid, local_rank=local_rank, **info))
         self.n = world
-        single_host = len(hosts_order) == 1
+        single_host = len(set(hosts)) == 1
         addr = self.master_addr or ("127.0.0.1" if single_host else hosts[0])
-        threads = self._run_engines(worker_env.limit_threads, [(hosts.count(h), self.threads) for h in hosts],
+        threads = self._run_engines(worker.limit_threads, [(hosts.count(h), self.threads) for h in hosts],
                                     "limit_threads", timeout=self.start_timeout)   # each on its own host's cores
-        port = self._await([self.client[engine_ids[0]].apply_async(worker_env.open_store, world, self.timeout)],
+        port = self._await([self.client[engine_ids[0]].apply_async(worker.open_store, world, self.timeout)],
                            engine_ids[:1], "open_store", self.start_timeout)[0]
         args = [(w["rank"], world, self.backend, addr, port, w["local_rank"], self.timeout) for w in self.workers]
-        done = self._run_engines(worker_env.init_process_group, args, "init_process_group", timeout=self.start_timeout)
+        done = self._run_engines(worker.init_process_group, args, "init_process_group", timeout=self.start_timeout)
         for w, d, t in zip(self.workers, done, threads):
             w.update(backend=d["backend"], device=d["device"], threads=t)
         lap("process_group")
@@ -227,16 +192,14 @@ class Cluster:
         lap("names")
 
     def _init_horovod(self, hosts: list[str], single_host: bool, env: dict | None = None) -> None:
-        from ddnb.rendezvous import HorovodRendezvous
-
         if self._rendezvous is not None:
             self._rendezvous.stop()
-        addr = "127.0.0.1" if single_host else _this_host_address()
-        self._rendezvous = HorovodRendezvous(hosts, addr=addr, timeout=self.timeout)
+        addr = "127.0.0.1" if single_host else horovod_rt.this_host_address()
+        self._rendezvous = horovod_rt.HorovodRendezvous(hosts, addr=addr, timeout=self.timeout)
         iface = "lo" if single_host else None
         extra = {k: str(v) for k, v in (env or {}).items()}
         envs = [({**self._rendezvous.env(r, iface), **extra},) for r in range(self.n)]
-        got = self._run_engines(worker_env.init_horovod, envs, "hvd.init", timeout=self.start_timeout)
+        got = self._run_engines(worker.init_horovod, envs, "hvd.init", timeout=self.start_timeout)
         self._horovod_ran.update({w["pid"]: extra for w in self.workers})
         for w, g in zip(self.workers, got):
             if g["rank"] != w["rank"]:
@@ -246,24 +209,13 @@ class Cluster:
         """Initialize Horovod on the running workers (as `horovod=True` does at start).
         `env` adds Horovod settings read at hvd.init(), e.g. {"HOROVOD_FUSION_THRESHOLD":
         0, "HOROVOD_CYCLE_TIME": 5}. To change them: stop_horovod(), restart(), then
-        start_horovod(env=...) on the fresh engines. Horovod 0.28.1 cannot start again in the
-        same process with other settings: after hvd.shutdown(), an hvd.init() with a changed
-        cycle time or fusion threshold crashed every rank (segfault, exit 139) within 2-3
-        restarts here, under horovodrun too, so that is refused before anything starts."""
+        start_horovod(env=...); other settings in the same engines are refused
+        (`ddnb.runtime.horovod.check_settings` says why)."""
         if self.horovod:
             return self
-        if not _horovod_available():
+        if not horovod_rt.horovod_available():
             raise ValueError("Horovod with PyTorch is not installed (run `make lab` or scripts/install_horovod.sh)")
-        bad = [k for k in (env or {}) if not (isinstance(k, str) and k.startswith("HOROVOD_"))]
-        if bad:
-            raise ValueError(f"start_horovod: env keys must be HOROVOD_* settings, got {bad}")
-        new = {k: str(v) for k, v in (env or {}).items()}
-        ran = {w["rank"]: self._horovod_ran[w["pid"]] for w in self.workers
-               if self._horovod_ran.get(w["pid"], new) != new}
-        if ran:
-            raise ValueError(f"start_horovod(env={new}): Horovod already ran in these engines with other settings "
-                             f"(rank {min(ran)}: {ran[min(ran)]}), and Horovod 0.28.1 crashes when it starts again "
-                             "in the same process with changed settings; call cluster.restart() first")
+        horovod_rt.check_settings(env, {w["rank"]: self._horovod_ran.get(w["pid"]) for w in self.workers})
         hosts = [w["host"] for w in self.workers]
         self.horovod, self._horovod_env = True, dict(env or {})
         self._init_horovod(hosts, len(set(hosts)) == 1, self._horovod_env)
@@ -275,7 +227,7 @@ class Cluster:
         thread polls even when idle (about a fifth of a core per worker here), which slows
         everything else measured on a machine with few cores."""
         if self.horovod:
-            self._run_engines(_horovod_shutdown, [()] * self.n, "hvd.shutdown")
+            self._run_engines(horovod_rt.shutdown_on_worker, [()] * self.n, "hvd.shutdown")
             if self._rendezvous is not None:
                 self._rendezvous.stop()
                 self._rendezvous = None
@@ -287,16 +239,16 @@ class Cluster:
         device, backend, and the usual imports."""
         pushes = [({"rank": w["rank"], "world_size": self.n, "local_rank": w["local_rank"],
                     "backend": self.backend},) for w in self.workers]
-        self._run_engines(_push_namespace, [p + (self.horovod,) for p in pushes], "push", timeout=self.start_timeout)
+        self._run_engines(worker.push_namespace, [p + (self.horovod,) for p in pushes], "push", timeout=self.start_timeout)
 
     def resize(self, n: int) -> "Cluster":
         """Change the number of workers to n and re-form the process group (and Horovod)."""
-        _check_n(n)
+        check_n(n)
         if self.client is None:
             raise ClusterError("the cluster is stopped; call start() first")
         if n == self.n:
             return self
-        self._run_engines(worker_env.shutdown, [()] * self.n, "shutdown")
+        self._run_engines(worker.shutdown, [()] * self.n, "shutdown")
         have = self._engine_ids()
         if n > len(have):
             if self._connect:
@@ -331,7 +283,7 @@ class Cluster:
         _live_clusters.discard(self)
         if self.client is not None and self.workers and self.alive():
             try:  # a clean goodbye when everyone can still answer
-                ars = [self.client[w["engine_id"]].apply_async(worker_env.shutdown) for w in self.workers]
+                ars = [self.client[w["engine_id"]].apply_async(worker.shutdown) for w in self.workers]
                 for ar in ars:
                     ar.wait(min(5.0, self.timeout))
             except Exception:
@@ -344,7 +296,7 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             _reap(self.pids(), wait=5)
             if self._controller_pid:  # the controller's schedulers live in its process group
-                worker_env.kill_group(self._controller_pid)
+                worker.kill_group(self._controller_pid)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close()
@@ -422,42 +374,10 @@ class Cluster:
         return self._await(ars, eids, what, timeout, allow_lost)
 
     def _await(self, ars, engine_ids, what, timeout=None, allow_lost=False):
-        """Wait for one AsyncResult per rank; raise as soon as a rank fails or dies (with
-        allow_lost, a dead rank's result is a LostWorker and the others are waited for)."""
-        timeout = timeout or self.timeout
-        deadline = time.monotonic() + timeout
+        """Wait for one AsyncResult per rank (`ddnb.runtime.waiting.await_ranks`)."""
         ranks_of = {w["engine_id"]: w["rank"] for w in self.workers}
-        label = lambda k: (f"rank {ranks_of[engine_ids[k]]}" if engine_ids[k] in ranks_of
-                           else f"engine {engine_ids[k]}")
-        while True:
-            pending, failed = [], []
-            for k, ar in enumerate(ars):
-                if not ar.ready():
-                    pending.append(k)
-                elif not ar.successful():
-                    failed.append(k)
-            # a task that failed because its engine died (ipyparallel's EngineError) is a lost worker
-            dead = [k for k in pending + failed if self._engine_dead(engine_ids[k]) or _engine_error(ars[k])]
-            for k in failed:
-                if k not in dead:
-                    _raise_remote(ars[k], label(k), what, ranks_of.get(engine_ids[k], -1))
-            if allow_lost and all(k in dead for k in pending):
-                return [LostWorker(ranks_of.get(engine_ids[k], -1), self._where(engine_ids[k])) if k in dead
-                        else ar.get() for k, ar in enumerate(ars)]
-            if not pending and not dead:
-                return [ar.get() for ar in ars]
-            if dead and not allow_lost:
-                names = ", ".join(f"{label(k)} ({self._where(engine_ids[k])})" for k in dead)
-                raise WorkerLostError([ranks_of.get(engine_ids[k], -1) for k in dead],
-                                      f"{names} died while running {what}; the other ranks may be blocked "
-                                      f"in a collective: call cluster.restart()")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                names = ", ".join(label(k) for k in pending)
-                raise WorkerTimeoutError([ranks_of.get(engine_ids[k], -1) for k in pending],
-                                         f"{names} did not finish {what} within {timeout:.0f} s "
-                                         f"({len(ars) - len(pending)} of {len(ars)} finished); call cluster.restart()")
-            ars[next((k for k in pending if k not in dead), pending[0])].wait(min(0.05, left))
+        return await_ranks(ars, engine_ids, ranks_of, what, timeout or self.timeout,
+                           is_dead=self._engine_dead, where=self._where, allow_lost=allow_lost)
 
     def _where(self, engine_id) -> str:
         for w in self.workers:
@@ -470,95 +390,10 @@ class Cluster:
             return True
         for w in self.workers:
             if w["engine_id"] == engine_id and w["pid"] in self._engine_pids:
-                return not _pid_alive(w["pid"])
+                return not pid_alive(w["pid"])
         return False
 
     def _dead_ranks(self, ranks) -> list[int]:
         return [r for r in ranks if self._engine_dead(self.workers[r]["engine_id"])]
 
 
-@dataclass(frozen=True)
-class LostWorker:
-    """What `Cluster.run_surviving` returns for a rank whose process died."""
-    rank: int
-    where: str
-
-    def __str__(self) -> str:
-        return f"rank {self.rank} lost ({self.where})"
-
-
-def _push_namespace(names: dict, horovod: bool) -> None:
-    """Runs on an engine: put rank, world_size, ... and the usual imports in the namespace
-    that %%px cells see."""
-    import __main__
-
-    import torch
-    import torch.distributed as dist
-
-    ns = __main__.__dict__
-    device = worker_env.device_for(names["backend"], names["local_rank"])
-    ns.update(names, device=device, torch=torch, dist=dist)
-    if horovod:
-        import horovod.torch as hvd
-
-        ns["hvd"] = hvd
-
-
-def _engine_error(ar) -> bool:
-    """True when ipyparallel failed this task because its engine died."""
-    if not ar.ready() or ar.successful():
-        return False
-    try:
-        ar.get(0)
-    except ipp.error.EngineError:
-        return True
-    except ipp.error.RemoteError as e:
-        return e.ename == "EngineError"
-    except Exception:
-        return False
-    return False
-
-
-def _horovod_shutdown() -> None:
-    import horovod.torch as hvd
-
-    hvd.shutdown()
-
-
-def _raise_remote(ar, label, what, rank):
-    try:
-        ar.get()
-    except ipp.error.RemoteError as e:
-        tb = getattr(e, "traceback", "") or ""
-        raise WorkerError(rank, f"{label} raised {e.ename}: {e.evalue}\n--- remote traceback ({label}) ---\n{tb}") from None
-    except Exception as e:  # EngineError and the like
-        raise WorkerError(rank, f"{label} failed while running {what}: {e}") from None
-
-
-def _check_n(n, allow_none=False):
-    if n is None and allow_none:
-        return
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ValueError(f"n must be an integer number of workers, got {n!r}")
-    if not 1 <= n <= MAX_LOCAL_WORKERS:
-        raise ValueError(f"n={n} workers: accepted are 1 to {MAX_LOCAL_WORKERS} "
-                         "(for more, connect to an ipcluster with profile=/cluster_id=)")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _horovod_available() -> bool:
-    from ddnb.rendezvous import horovod_available
-
-    return horovod_available()
-
-
-def _this_host_address() -> str:
-    import socket
-
-    return socket.gethostbyname(socket.gethostname())

@@ -72,3 +72,34 @@ class HorovodRendezvous:
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def shutdown_on_worker() -> None:
+    """Runs on a worker: hvd.shutdown(), keeping torch.distributed."""
+    import horovod.torch as hvd
+
+    hvd.shutdown()
+
+
+def this_host_address() -> str:
+    """This machine's address, where the rendezvous server listens for other hosts."""
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+def check_settings(env: dict | None, ran: dict) -> None:
+    """ValueError unless `env` holds only HOROVOD_* settings and no rank already ran Horovod
+    with other ones (ran: rank -> the settings Horovod last started with in that process,
+    None if never). Horovod 0.28.1 cannot start again in one process with changed settings:
+    an hvd.init() after hvd.shutdown() with another cycle time or fusion threshold crashed
+    every rank (segfault, exit 139) within 2-3 restarts here, under horovodrun too."""
+    bad = [k for k in (env or {}) if not (isinstance(k, str) and k.startswith("HOROVOD_"))]
+    if bad:
+        raise ValueError(f"start_horovod: env keys must be HOROVOD_* settings, got {bad}")
+    new = {k: str(v) for k, v in (env or {}).items()}
+    other = {r: e for r, e in ran.items() if e is not None and e != new}
+    if other:
+        raise ValueError(f"start_horovod(env={new}): Horovod already ran in these engines with other settings "
+                         f"(rank {min(other)}: {other[min(other)]}), and Horovod 0.28.1 crashes when it starts "
+                         "again in the same process with changed settings; call cluster.restart() first")

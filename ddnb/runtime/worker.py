@@ -1,7 +1,7 @@
 """What runs inside each worker process (an ipyparallel engine, or a process spawned by
 `ddnb.testing`) to make it a rank of a torch.distributed world and, optionally, of Horovod.
 
-The notebook side (`ddnb.cluster`) decides everything (rank, backend, addresses) and calls
+The notebook side (`ddnb.runtime.cluster`) decides everything (rank, backend, addresses) and calls
 these functions on the engines; they only act on the process they run in. Taught in
 `notebooks/00_getting_started.ipynb`.
 """
@@ -188,7 +188,7 @@ _horovod_keys: set = set()
 
 
 def init_horovod(env: dict) -> dict:
-    """Initialize Horovod over Gloo from the environment `ddnb.rendezvous.HorovodRendezvous.env`
+    """Initialize Horovod over Gloo from the environment `ddnb.runtime.horovod.HorovodRendezvous.env`
     made for this rank (what horovodrun would otherwise set), plus any extra HOROVOD_*
     settings; those of a previous start that `env` does not set again are removed first."""
     for key in _horovod_keys - set(env):
@@ -218,3 +218,20 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _store = None
+
+
+def push_namespace(names: dict, horovod: bool) -> None:
+    """Runs on an engine: put rank, world_size, ... and the usual imports in the namespace
+    that %%px cells see."""
+    import __main__
+
+    import torch
+    import torch.distributed as dist
+
+    ns = __main__.__dict__
+    device = device_for(names["backend"], names["local_rank"])
+    ns.update(names, device=device, torch=torch, dist=dist)
+    if horovod:
+        import horovod.torch as hvd
+
+        ns["hvd"] = hvd

@@ -24,24 +24,19 @@ see the same background load, plus a local add for gamma, and prints its predict
 beside each from-scratch algorithm's measured time (never fitted to the all-reduce
 times it predicts).
 
-`dp` times a data-parallel training step per strategy (ddnb's naive and bucketed data
-parallelism, torch DDP, Horovod) on two models; it lives in `ddnb/bench_dp.py`.
-
-One function per benchmark returns its rows (`allreduce_rows`, `p2p_rows`, and
-`allreduce_benchmark`, which runs both and the model as the command does); one subparser
-per benchmark turns a command line into a call and a table. Taught in
+Each function returns rows (`allreduce_rows`, `p2p_rows`, and `allreduce_benchmark`, which
+runs both and the model as the command does); `allreduce_table` prints them, and
+`ddnb.bench.__main__` turns a command line into these calls. Taught in
 `notebooks/05_allreduce.ipynb` and `notebooks/12_scalability.ipynb`.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
-import sys
 
-ALLREDUCE_ALGORITHMS = ("ring", "tree", "naive", "halving_doubling", "torch", "horovod")
-FROM_SCRATCH = ("ring", "tree", "naive", "halving_doubling")  # ddnb.collectives.<name>_allreduce
+from ddnb.collectives import ALLREDUCES
+
+FROM_SCRATCH = tuple(ALLREDUCES)  # ddnb's own all-reduces, by name
+ALLREDUCE_ALGORITHMS = FROM_SCRATCH + ("torch", "horovod")
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 GB = 1e9  # bandwidths in GB/s = 1e9 bytes/s, as nccl-tests reports them
@@ -101,10 +96,9 @@ def _allreduce_op(algorithm: str, size: int):
 
         name = f"ddnb.bench.allreduce.{size}"  # one fixed name per size, as a training loop has
         return lambda x: hvd.allreduce_(x, op=hvd.Sum, name=name)
-    import ddnb.collectives as collectives
     from ddnb.trace import Tracer
 
-    fn, tracer = getattr(collectives, f"{algorithm}_allreduce"), Tracer(enabled=False)
+    fn, tracer = ALLREDUCES[algorithm], Tracer(enabled=False)
     return lambda x: fn(x, op="sum", tracer=tracer, check=False)
 
 
@@ -151,7 +145,7 @@ def rank_gamma(size: int) -> float:
 
 def world_threads(world) -> int:
     """The intra-op threads the ranks of `world` run with (the most any rank has):
-    `ddnb.worker_env.threads_for`, cores / ranks on the host unless overridden."""
+    `ddnb.runtime.worker.threads_for`, cores / ranks on the host unless overridden."""
     return max(world.run(lambda: __import__("torch").get_num_threads()))
 
 
@@ -266,33 +260,8 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
     return rows, model
 
 
-# ---------------------------------------------------------------- command line
-def _at_least(minimum, kind=int, why: str = ""):
-    """An argparse type: a number of `kind` >= minimum (> 0 when minimum is 0.0)."""
-    def parse(text: str):
-        try:
-            x = kind(text)
-        except ValueError:
-            x = None
-        if x is None or x < minimum or (minimum == 0 and not x > 0):
-            rule = f"an integer >= {minimum}" if kind is int else "a number > 0"
-            raise argparse.ArgumentTypeError(f"need {rule}{why}, got {text!r}")
-        return x
-    return parse
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _load() -> str:
-    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-
-
-def _format_time(t: float) -> str:
+# ---------------------------------------------------------------- table
+def format_time(t: float) -> str:
     return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
@@ -304,159 +273,10 @@ def allreduce_table(rows: list[dict]) -> str:
         if i and r["size"] != rows[i - 1]["size"]:
             lines.append("")
         ratio = "" if r["ratio_vs_torch"] is None else f"{r['ratio_vs_torch']:.2f}"
-        line = (f"{format_size(r['size']):>6}  {r['algorithm']:<16} {_format_time(r['time']):>10} "
+        line = (f"{format_size(r['size']):>6}  {r['algorithm']:<16} {format_time(r['time']):>10} "
                 f"{r['algbw']:>10.3f} {r['busbw']:>10.3f} {ratio:>8}")
         if "predicted_time" in r:
-            line += (f" {_format_time(r['predicted_time']):>10} {r['prediction_error']:>+7.0%}"
+            line += (f" {format_time(r['predicted_time']):>10} {r['prediction_error']:>+7.0%}"
                      f" {r['pingpong_prediction_error']:>+8.0%}")
         lines.append(line)
     return "\n".join(lines)
-
-
-def _cmd_allreduce(parser, args) -> int:
-    from ddnb.rendezvous import horovod_available
-
-    algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS if a != "horovod" or horovod_available()]
-    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
-    if unknown:
-        parser.error(f"unknown algorithms {unknown}; known: {', '.join(ALLREDUCE_ALGORITHMS)}")
-    if "horovod" in algorithms and not horovod_available():
-        parser.error("--algorithms includes horovod, but Horovod with PyTorch is not installed")
-    missing = [a for a in algorithms if a in FROM_SCRATCH and not _has_collective(a)]
-    if missing:
-        parser.error(f"ddnb.collectives has no {', '.join(a + '_allreduce' for a in missing)}")
-    out = sys.stderr if args.json else sys.stdout
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
-    print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
-          f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
-          f"~{args.seconds} s per measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
-    rows, model = allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
-                                      fit=args.fit, timeout=args.timeout, log=log)
-    link = model["link"]
-    print(f"done; {_load()} (other processes on these cores slow every measurement); "
-          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
-    print(f"point-to-point link, ping-pong ranks 0<->1 at {format_size(link['size'])}: "
-          f"{link['bw']:.3f} GB/s one way ({_format_time(link['time'])}) = the busbw ceiling", file=out)
-    for pattern, (alpha, beta) in model.get("alpha_beta", {}).items():
-        print(f"alpha-beta fit to {pattern} (relative least squares): alpha = {alpha * 1e6:.1f} us, "
-              f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / GB if beta else float('inf'):.2f} GB/s)", file=out)
-    if args.fit:
-        print(f"local add, all ranks at once: gamma = {model['gamma'] * 1e9:.3f} ns/B. model: ring and "
-              f"halving_doubling on the sendrecv fit, naive and tree on the ping-pong fit; "
-              f"'pp error': every algorithm on the ping-pong fit", file=out)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(allreduce_table(rows))
-    return 0
-
-
-def _has_collective(algorithm: str) -> bool:
-    try:
-        import ddnb.collectives as collectives
-    except ImportError:
-        return False
-    return hasattr(collectives, f"{algorithm}_allreduce")
-
-
-def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="ddnb benchmarks")
-    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    p = sub.add_parser("allreduce", help="all-reduce time, algbw and busbw per size and algorithm",
-                       description=__doc__.split("\n\n")[2])
-    p.add_argument("--workers", default=4, help="gloo processes (default 4)",
-                   type=_at_least(2, why=" workers (an all-reduce over one rank moves nothing)"))
-    p.add_argument("--sizes", type=_sizes, default=parse_sizes("4KB..64MB"),
-                   help="LOW..HIGH (powers of 2 from LOW to HIGH) or a comma list; KB = 1024 bytes "
-                        "(default 4KB..64MB)")
-    p.add_argument("--algorithms", type=lambda s: list(dict.fromkeys(a.strip() for a in s.split(",") if a.strip())),
-                   help=f"comma list of {', '.join(ALLREDUCE_ALGORITHMS)} (default: all; horovod if installed)")
-    p.add_argument("--fit", action="store_true", help="fit alpha, beta (ping-pong, sendrecv) and gamma (local "
-                                                      "add) and print the model's time beside the measured one")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
-    p.add_argument("--seconds", type=_at_least(0.0, float), default=0.3,
-                   help="target seconds per measurement, all windows together (default 0.3)")
-    p.add_argument("--repeats", type=_at_least(1), default=3,
-                   help="windows per measurement; the median is reported (default 3)")
-    p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
-                   help="seconds before a stuck world is killed (default 300)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
-    p.set_defaults(run=_cmd_allreduce, parser=p)
-    _add_dp_parser(sub)
-    return parser
-
-
-# ---------------------------------------------------------------- dp (ddnb/bench_dp.py)
-def _add_dp_parser(sub) -> None:
-    from ddnb.bench_dp import MODELS, STRATEGIES
-    from ddnb.bench_dp import __doc__ as dp_doc
-
-    def names(known):
-        def parse(text):
-            got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-            unknown = [a for a in got if a not in known]
-            if unknown or not got:
-                raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; known: {', '.join(known)}")
-            return got
-        return parse
-
-    p = sub.add_parser("dp", help="data-parallel step time per strategy (naive, bucketed, ddp, horovod)",
-                       description=dp_doc.split("\n\n")[2])
-    p.add_argument("--workers", default=2, help="gloo processes (default 2)",
-                   type=_at_least(2, why=" workers (data parallelism over one rank syncs nothing)"))
-    p.add_argument("--models", type=names(tuple(MODELS)), default=list(MODELS),
-                   help=f"comma list of {', '.join(MODELS)} (default: both)")
-    p.add_argument("--strategies", type=names(STRATEGIES), default=None,
-                   help=f"comma list of {', '.join(STRATEGIES)} (default: all; horovod if installed)")
-    p.add_argument("--batch", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
-    p.add_argument("--steps", type=_at_least(1), default=20, help="timed steps per strategy (default 20)")
-    p.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps first (default 3)")
-    p.add_argument("--rounds", type=_at_least(1), default=4,
-                   help="the strategies take turns this many times, steps/rounds steps each (default 4)")
-    p.add_argument("--bucket-mb", type=_at_least(0.0, float), default=25.0,
-                   help="BucketedDataParallel's bucket size in MB (default 25, as DDP's)")
-    p.add_argument("--allreduce", default="torch",
-                   help="all-reduce of naive and bucketed: torch or a ddnb.collectives algorithm (default torch)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
-    p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
-                   help="seconds before a stuck world is killed (default 600)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    p.set_defaults(run=_cmd_dp, parser=p)
-
-
-def _cmd_dp(parser, args) -> int:
-    from ddnb.bench_dp import STRATEGIES, dp_benchmark, dp_table
-    from ddnb.data_parallel.naive import allreduce_names
-    from ddnb.rendezvous import horovod_available
-
-    strategies = args.strategies or [s for s in STRATEGIES if s != "horovod" or horovod_available()]
-    if "horovod" in strategies and not horovod_available():
-        parser.error("--strategies includes horovod, but Horovod with PyTorch is not installed")
-    if args.allreduce not in allreduce_names():
-        parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
-    out = sys.stderr if args.json else sys.stdout
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
-    print(f"data-parallel training step on {args.workers} gloo processes (ddnb.testing.World), batch {args.batch} "
-          f"per rank, median of {args.steps} steps; bucketed: {args.bucket_mb:g} MB buckets, {args.allreduce} "
-          f"all-reduce; {_load()}", file=out, flush=True)
-    rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
-                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log)
-    print(f"done; {_load()} (other processes on these cores slow every measurement); "
-          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(dp_table(rows))
-    return 0
-
-
-def main(argv=None, prog: str = "python -m ddnb.bench") -> int:
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    return args.run(args.parser, args)
-
-
-if __name__ == "__main__":
-    from ddnb.bench import main as _main  # the importable module's functions, which the ranks unpickle
-
-    sys.exit(_main())

@@ -1,0 +1,99 @@
+"""One validation helper for the whole package: every problem in a call's arguments is
+collected, then one ValueError lists them all, before any process starts or blocks.
+
+    with Checks("Cluster") as check:
+        check.integer("n", n, min=1, max=64)
+        check.number("timeout", timeout, positive=True)
+        check.choice("backend", backend, ("auto", "gloo", "nccl"))
+        check.rule(not (horovod and not installed), "horovod=True but Horovod is not installed")
+    # -> ValueError: "Cluster: n=0: need an integer >= 1 and <= 64; timeout=-1: need a number > 0"
+
+A check returns whether its value passed, so later rules can depend on earlier ones
+(`if check.integer("k", k, min=1): check.rule(k <= n, ...)`). `is_int` and `is_number`
+are the predicates alone (bool is neither: True is not a worker count). The helper
+behind every error message on bad input (`tests/test_bad_input.py`); taught nowhere, used
+by every notebook's code (`notebooks/00_getting_started.ipynb` on).
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+
+def is_int(value) -> bool:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite real number (int or float, not bool, not nan or inf)."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bounds(min, max, strict: bool) -> str:
+    parts = []
+    if min is not None:
+        parts.append(f"{'>' if strict else '>='} {min}")
+    if max is not None:
+        parts.append(f"<= {max}")
+    return " and ".join(parts)
+
+
+class Checks:
+    """Collects problems; `done()` (or leaving the `with` block) raises one ValueError
+    listing all of them, prefixed with `where` (the function or class checked)."""
+
+    def __init__(self, where: str = ""):
+        self.where, self.problems = where, []
+
+    def __enter__(self) -> "Checks":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.done()
+
+    def done(self) -> None:
+        if self.problems:
+            prefix = f"{self.where}: " if self.where else ""
+            raise ValueError(prefix + "; ".join(self.problems))
+
+    def rule(self, ok: bool, message: str) -> bool:
+        """Record `message` unless ok."""
+        if not ok:
+            self.problems.append(message)
+        return bool(ok)
+
+    def integer(self, name: str, value, min: int | None = None, max: int | None = None,
+                none: bool = False, why: str = "") -> bool:
+        """An int (not bool) within [min, max]; None passes with none=True."""
+        if value is None and none:
+            return True
+        ok = is_int(value) and (min is None or value >= min) and (max is None or value <= max)
+        bounds = _bounds(min, max, strict=False)
+        return self.rule(ok, f"{name}={value!r}: need an integer{' ' + bounds if bounds else ''}{why}")
+
+    def number(self, name: str, value, min: float | None = None, max: float | None = None,
+               positive: bool = False, none: bool = False, why: str = "") -> bool:
+        """A finite real number within [min, max] (> 0 with positive=True)."""
+        if value is None and none:
+            return True
+        lo = 0 if positive else min
+        ok = is_number(value) and (lo is None or (value > lo if positive else value >= lo)) and (
+            max is None or value <= max)
+        bounds = _bounds(lo, max, strict=positive)
+        return self.rule(ok, f"{name}={value!r}: need a number{' ' + bounds if bounds else ''}{why}")
+
+    def choice(self, name: str, value, choices) -> bool:
+        """One of `choices`."""
+        return self.rule(value in tuple(choices), f"{name}={value!r} is not one of {tuple(choices)}")
+
+    def positive_ints(self, **values) -> bool:
+        """Each keyword an integer >= 1 (sizes, counts, dimensions)."""
+        return all([self.integer(name, v, min=1) for name, v in values.items()])
+
+
+def check_positive_ints(where: str = "", **values) -> None:
+    """ValueError listing every keyword that is not an integer >= 1."""
+    with Checks(where) as check:
+        check.positive_ints(**values)

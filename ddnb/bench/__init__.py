@@ -1,0 +1,8 @@
+"""Benchmarks, one module each, run from the command line by `python -m ddnb.bench` or
+`ddnb bench` (`ddnb/bench/__main__.py`):
+
+- `ddnb.bench.allreduce`: all-reduce time, algbw and busbw per size and algorithm, and the
+  alpha-beta-gamma model's prediction beside it (`notebooks/05_allreduce.ipynb`);
+- `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
+  Horovod) (`notebooks/06_data_parallelism.ipynb`).
+"""

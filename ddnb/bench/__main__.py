@@ -1,0 +1,178 @@
+"""`python -m ddnb.bench BENCHMARK ...` and `ddnb bench BENCHMARK ...`: one subparser per
+benchmark turns a command line into a call of its module and prints a table (or --json).
+
+    python -m ddnb.bench allreduce --workers 4 --sizes 64KB..64MB --fit   # ddnb.bench.allreduce
+    python -m ddnb.bench dp --workers 2 --models many_small              # ddnb.bench.dp
+
+Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ddnb.bench import allreduce as ar
+from ddnb.bench.allreduce import ALLREDUCE_ALGORITHMS, GB, format_size, format_time, parse_sizes
+
+
+def _at_least(minimum, kind=int, why: str = ""):
+    """An argparse type: a number of `kind` >= minimum (> 0 when minimum is 0.0)."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or x < minimum or (minimum == 0 and not x > 0):
+            rule = f"an integer >= {minimum}" if kind is int else "a number > 0"
+            raise argparse.ArgumentTypeError(f"need {rule}{why}, got {text!r}")
+        return x
+    return parse
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
+def _cmd_allreduce(parser, args) -> int:
+    from ddnb.runtime.horovod import horovod_available
+
+    algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS if a != "horovod" or horovod_available()]
+    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
+    if unknown:
+        parser.error(f"unknown algorithms {unknown}; known: {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if "horovod" in algorithms and not horovod_available():
+        parser.error("--algorithms includes horovod, but Horovod with PyTorch is not installed")
+    out = sys.stderr if args.json else sys.stdout
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
+          f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
+          f"~{args.seconds} s per measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
+    rows, model = ar.allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
+                                      fit=args.fit, timeout=args.timeout, log=log)
+    link = model["link"]
+    print(f"done; {_load()} (other processes on these cores slow every measurement); "
+          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
+    print(f"point-to-point link, ping-pong ranks 0<->1 at {format_size(link['size'])}: "
+          f"{link['bw']:.3f} GB/s one way ({format_time(link['time'])}) = the busbw ceiling", file=out)
+    for pattern, (alpha, beta) in model.get("alpha_beta", {}).items():
+        print(f"alpha-beta fit to {pattern} (relative least squares): alpha = {alpha * 1e6:.1f} us, "
+              f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / GB if beta else float('inf'):.2f} GB/s)", file=out)
+    if args.fit:
+        print(f"local add, all ranks at once: gamma = {model['gamma'] * 1e9:.3f} ns/B. model: ring and "
+              f"halving_doubling on the sendrecv fit, naive and tree on the ping-pong fit; "
+              f"'pp error': every algorithm on the ping-pong fit", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(ar.allreduce_table(rows))
+    return 0
+
+
+def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="ddnb benchmarks")
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    p = sub.add_parser("allreduce", help="all-reduce time, algbw and busbw per size and algorithm",
+                       description=ar.__doc__.split("\n\n")[2])
+    p.add_argument("--workers", default=4, help="gloo processes (default 4)",
+                   type=_at_least(2, why=" workers (an all-reduce over one rank moves nothing)"))
+    p.add_argument("--sizes", type=_sizes, default=parse_sizes("4KB..64MB"),
+                   help="LOW..HIGH (powers of 2 from LOW to HIGH) or a comma list; KB = 1024 bytes "
+                        "(default 4KB..64MB)")
+    p.add_argument("--algorithms", type=lambda s: list(dict.fromkeys(a.strip() for a in s.split(",") if a.strip())),
+                   help=f"comma list of {', '.join(ALLREDUCE_ALGORITHMS)} (default: all; horovod if installed)")
+    p.add_argument("--fit", action="store_true", help="fit alpha, beta (ping-pong, sendrecv) and gamma (local "
+                                                      "add) and print the model's time beside the measured one")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--seconds", type=_at_least(0.0, float), default=0.3,
+                   help="target seconds per measurement, all windows together (default 0.3)")
+    p.add_argument("--repeats", type=_at_least(1), default=3,
+                   help="windows per measurement; the median is reported (default 3)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
+                   help="seconds before a stuck world is killed (default 300)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
+    p.set_defaults(run=_cmd_allreduce, parser=p)
+    _add_dp_parser(sub)
+    return parser
+
+
+# ---------------------------------------------------------------- dp (ddnb/bench/dp.py)
+def _add_dp_parser(sub) -> None:
+    from ddnb.bench.dp import MODELS, STRATEGIES
+    from ddnb.bench.dp import __doc__ as dp_doc
+
+    def names(known):
+        def parse(text):
+            got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+            unknown = [a for a in got if a not in known]
+            if unknown or not got:
+                raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; known: {', '.join(known)}")
+            return got
+        return parse
+
+    p = sub.add_parser("dp", help="data-parallel step time per strategy (naive, bucketed, ddp, horovod)",
+                       description=dp_doc.split("\n\n")[2])
+    p.add_argument("--workers", default=2, help="gloo processes (default 2)",
+                   type=_at_least(2, why=" workers (data parallelism over one rank syncs nothing)"))
+    p.add_argument("--models", type=names(tuple(MODELS)), default=list(MODELS),
+                   help=f"comma list of {', '.join(MODELS)} (default: both)")
+    p.add_argument("--strategies", type=names(STRATEGIES), default=None,
+                   help=f"comma list of {', '.join(STRATEGIES)} (default: all; horovod if installed)")
+    p.add_argument("--batch", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps", type=_at_least(1), default=20, help="timed steps per strategy (default 20)")
+    p.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps first (default 3)")
+    p.add_argument("--rounds", type=_at_least(1), default=4,
+                   help="the strategies take turns this many times, steps/rounds steps each (default 4)")
+    p.add_argument("--bucket-mb", type=_at_least(0.0, float), default=25.0,
+                   help="BucketedDataParallel's bucket size in MB (default 25, as DDP's)")
+    p.add_argument("--allreduce", default="torch",
+                   help="all-reduce of naive and bucketed: torch or a ddnb.collectives algorithm (default torch)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
+                   help="seconds before a stuck world is killed (default 600)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    p.set_defaults(run=_cmd_dp, parser=p)
+
+
+def _cmd_dp(parser, args) -> int:
+    from ddnb.bench.dp import STRATEGIES, dp_benchmark, dp_table
+    from ddnb.data_parallel.naive import allreduce_names
+    from ddnb.runtime.horovod import horovod_available
+
+    strategies = args.strategies or [s for s in STRATEGIES if s != "horovod" or horovod_available()]
+    if "horovod" in strategies and not horovod_available():
+        parser.error("--strategies includes horovod, but Horovod with PyTorch is not installed")
+    if args.allreduce not in allreduce_names():
+        parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
+    out = sys.stderr if args.json else sys.stdout
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    print(f"data-parallel training step on {args.workers} gloo processes (ddnb.testing.World), batch {args.batch} "
+          f"per rank, median of {args.steps} steps; bucketed: {args.bucket_mb:g} MB buckets, {args.allreduce} "
+          f"all-reduce; {_load()}", file=out, flush=True)
+    rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
+                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log)
+    print(f"done; {_load()} (other processes on these cores slow every measurement); "
+          f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(dp_table(rows))
+    return 0
+
+
+def main(argv=None, prog: str = "python -m ddnb.bench") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    return args.run(args.parser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Where each rank runs and what it runs with: ranks assigned in order of (host, engine
+id), local ranks counted per host, and the backend chosen from the GPUs each host has.
+Engine ids are ipyparallel's bookkeeping and are not ranks. Used by `ddnb.runtime.cluster`;
+taught in `notebooks/00_getting_started.ipynb`.
+"""
+from __future__ import annotations
+
+from ddnb._checks import Checks
+from ddnb.runtime.worker import GPU_BACKEND
+
+MAX_LOCAL_WORKERS = 64
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def assign_ranks(engine_ids: list[int], infos: list[dict]) -> list[dict]:
+    """One dict per rank, in rank order: rank, engine_id, local_rank and the engine's
+    `worker.describe()` info. Ranks follow (order of first appearance of the host, engine
+    id), so the ranks of one host are contiguous, as torchrun and horovodrun number them."""
+    hosts_order = list(dict.fromkeys(i["host"] for i in infos))
+    order = sorted(range(len(engine_ids)), key=lambda k: (hosts_order.index(infos[k]["host"]), engine_ids[k]))
+    local: dict[str, int] = {}
+    workers = []
+    for rank, k in enumerate(order):
+        host = infos[k]["host"]
+        local[host] = local.get(host, -1) + 1
+        workers.append(dict(rank=rank, engine_id=engine_ids[k], local_rank=local[host], **infos[k]))
+    return workers
+
+
+def choose_backend(backend: str, hosts: list[str], gpus: list[int]) -> tuple[str, str | None]:
+    """"auto": GPU_BACKEND ("cpu:gloo,cuda:nccl": CPU tensors over gloo, CUDA
+    tensors over nccl) when every worker can have a GPU of its own on its host, else gloo.
+    "nccl": pure nccl (what was asked for; CPU tensors then fail), or ValueError without
+    a GPU per worker. Returns (backend, message) where message explains a fallback."""
+    if backend == "gloo":
+        return "gloo", None
+    per_host = {h: hosts.count(h) for h in hosts}
+    gpus_on = dict(zip(hosts, gpus))
+    short = {h: (n, gpus_on[h]) for h, n in per_host.items() if gpus_on[h] < n}
+    if not short:
+        return ("nccl" if backend == "nccl" else GPU_BACKEND), None
+    why = ", ".join(f"{h}: {n} workers but {g} GPU{'s' if g != 1 else ''}" for h, (n, g) in short.items())
+    if backend == "nccl":
+        raise ValueError(f"backend='nccl' needs one GPU per worker ({why}); use backend='gloo' or fewer workers")
+    if any(gpus):
+        return "gloo", f"fewer GPUs than workers ({why}): using gloo on CPU"
+    return "gloo", None
+
+
+def check_n(n, allow_none: bool = False, check: Checks | None = None) -> None:
+    """n, a number of local workers: an integer from 1 to MAX_LOCAL_WORKERS (None: every
+    engine of a connected ipcluster, with allow_none). Adds to `check`, else raises."""
+    c = check or Checks()
+    if not (n is None and allow_none):
+        c.integer("n", n, min=1, max=MAX_LOCAL_WORKERS,
+                  why=" workers (for more, connect to an ipcluster with profile=/cluster_id=)")
+    if check is None:
+        c.done()
