@@ -6,7 +6,7 @@ import torch
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
 from ddnb.runtime.errors import WorkerError
 from ddnb.pipeline_parallel.naive import (balanced_partition, bytes_by_name, check_bounds, idle_fractions, imbalance,
-                                 measure_layer_times, partition, stage_params, stage_totals)
+                                 measure_layer_times, partition_layers, stage_params, stage_totals)
 from ddnb.models import GPTConfig, gpt, lm_loss, mlp, synthetic_task
 
 CFG = GPTConfig(n_layers=2)     # Embedding, Block, Block, Head: 4 layers
@@ -29,13 +29,13 @@ def split_step(cfg, seed, strategy, steps=1, lr=0.0):
     """Runs on every rank: this stage's loss (last rank), grads, bounds and traced events."""
     import torch.distributed as dist
 
-    from ddnb.pipeline_parallel.naive import NaiveModelParallel, partition
+    from ddnb.pipeline_parallel.naive import NaiveModelParallel, partition_layers
     from ddnb.models import gpt, lm_loss, synthetic_task
     from ddnb.trace import Tracer
 
     model = gpt(cfg, seed=seed)
     times = [3.0, 1.0, 1.0, 3.0] if strategy == "time" else None
-    bounds = partition(model, dist.get_world_size(), strategy, times=times)
+    bounds = partition_layers(model, dist.get_world_size(), strategy, times=times)
     tracer = Tracer(rank=dist.get_rank())
     stage = NaiveModelParallel(model, bounds, tracer=tracer)
     opt = torch.optim.SGD(stage.parameters(), lr=lr)
@@ -58,7 +58,7 @@ def test_gradients_equal_the_unsplit_model(world, n, strategy):
     assert len(grads) == len(ref_grads)
     for g, ref in zip(grads, ref_grads):
         assert torch.allclose(g, ref, atol=1e-5, rtol=0)
-    assert results[0][2] == partition(gpt(CFG), n, strategy,
+    assert results[0][2] == partition_layers(gpt(CFG), n, strategy,
                                       times=[3.0, 1.0, 1.0, 3.0] if strategy == "time" else None)
 
 
@@ -105,23 +105,23 @@ def test_more_stages_than_layers_fails_before_any_message(world):
         w.run(bad_stage, CFG, [(0, 2), (2, 4)], timeout=30)
     assert not w.broken                                             # no rank was left blocked
     with pytest.raises(ValueError, match=r"stages\(4\) > layers\(3\): every stage needs at least one layer"):
-        partition(gpt(tiny), 4)
+        partition_layers(gpt(tiny), 4)
 
 
 def test_partition_equal():
     layers = list(mlp((4, 4, 4, 4, 4, 4), seed=0))                  # 9 layers (Linear, ReLU, ...)
-    assert partition(layers, 1) == [(0, 9)]
-    assert partition(layers, 4) == [(0, 3), (3, 5), (5, 7), (7, 9)]
-    assert partition(layers, 9) == [(i, i + 1) for i in range(9)]
+    assert partition_layers(layers, 1) == [(0, 9)]
+    assert partition_layers(layers, 4) == [(0, 3), (3, 5), (5, 7), (7, 9)]
+    assert partition_layers(layers, 9) == [(i, i + 1) for i in range(9)]
 
 
 def test_partition_params_balances_the_gpt():
     model = gpt(GPTConfig(), seed=0)                                # Embedding, 4 Blocks, Head
     counts = stage_params(model, [(i, i + 1) for i in range(6)])
     assert counts == [1024, 12704, 12704, 12704, 12704, 576]
-    equal = partition(model, 4)
+    equal = partition_layers(model, 4)
     assert equal == [(0, 2), (2, 4), (4, 5), (5, 6)]                # two Blocks on rank 1, the Head alone
-    params = partition(model, 4, "params")
+    params = partition_layers(model, 4, "params")
     assert params == [(0, 2), (2, 3), (3, 4), (4, 6)]
     assert stage_params(model, params) == [13728, 12704, 12704, 13280]
     assert imbalance(stage_params(model, params)) < imbalance(stage_params(model, equal))
@@ -129,8 +129,8 @@ def test_partition_params_balances_the_gpt():
 
 def test_partition_time_follows_the_times():
     layers = list(mlp((4, 4, 4), seed=0))                           # Linear, ReLU, Linear
-    assert partition(layers, 2, "time", times=[5.0, 1.0, 1.0]) == [(0, 1), (1, 3)]
-    assert partition(layers, 2, "time", times=[1.0, 1.0, 5.0]) == [(0, 2), (2, 3)]
+    assert partition_layers(layers, 2, "time", times=[5.0, 1.0, 1.0]) == [(0, 1), (1, 3)]
+    assert partition_layers(layers, 2, "time", times=[1.0, 1.0, 5.0]) == [(0, 2), (2, 3)]
     assert stage_totals([1.0, 1.0, 5.0], [(0, 2), (2, 3)]) == [2.0, 5.0]
 
 
@@ -152,23 +152,23 @@ def test_measure_layer_times_leaves_no_grads():
     times = measure_layer_times(model, idx, repeats=2)
     assert len(times) == 4 and all(t > 0 for t in times)
     assert all(p.grad is None for p in model.parameters())
-    assert partition(model, 2, "time", times=times) in ([(0, 1), (1, 4)], [(0, 2), (2, 4)], [(0, 3), (3, 4)])
+    assert partition_layers(model, 2, "time", times=times) in ([(0, 1), (1, 4)], [(0, 2), (2, 4)], [(0, 3), (3, 4)])
 
 
 def test_partition_errors_say_what_is_wrong():
     layers = list(mlp((4, 4, 4), seed=0))
     with pytest.raises(ValueError, match=r"strategy='fast' is not one of \('equal', 'params', 'time'\)"):
-        partition(layers, 2, "fast")
+        partition_layers(layers, 2, "fast")
     with pytest.raises(ValueError, match="stages must be an integer >= 1, got 0"):
-        partition(layers, 0)
+        partition_layers(layers, 0)
     with pytest.raises(ValueError, match="strategy='time' needs times"):
-        partition(layers, 2, "time")
+        partition_layers(layers, 2, "time")
     with pytest.raises(ValueError, match="times has 2 entries for 3 layers"):
-        partition(layers, 2, "time", times=[1, 2])
+        partition_layers(layers, 2, "time", times=[1, 2])
     with pytest.raises(ValueError, match=r"times\[1\]=-1.0"):
-        partition(layers, 2, "time", times=[1, -1, 2])
+        partition_layers(layers, 2, "time", times=[1, -1, 2])
     with pytest.raises(ValueError, match="times is only used by strategy='time'"):
-        partition(layers, 2, "params", times=[1, 1, 1])
+        partition_layers(layers, 2, "params", times=[1, 1, 1])
     with pytest.raises(ValueError, match=r"stage 1 ends at 2 but stage 2 starts at 1"):
         check_bounds([(0, 1), (1, 2), (1, 3)], 3, 3)
     with pytest.raises(ValueError, match=r"the last stage ends at 2, not layers\(3\); stage 1 \(2, 2\) is empty"):

@@ -24,7 +24,7 @@ from ddnb.data import digits
 from ddnb.runtime.errors import WorkerError
 from ddnb.models import accuracy, flat_params, mlp
 from ddnb.parameter_server import (PSConfig, Server, assemble, bound, bytes_per_step, checkpoint_file,
-                                   final_params, may_proceed, partition, staleness_bound, traffic, train,
+                                   final_params, may_proceed, shard_parameters, staleness_bound, traffic, train,
                                    train_allreduce, train_on_cluster, worker_batch)
 from ddnb.parameter_server.messages import HEADER_BYTES, PUSH, decode, header
 from ddnb.trace import take_events
@@ -70,22 +70,22 @@ BSP = PSConfig(mode="bsp", steps=20, batch_size=16, lr=0.1, momentum=0.9, seed=3
 # ---------------------------------------------------------------- no processes
 def test_partition_by_layer_and_by_bytes():
     model = MODEL()
-    layer, by_bytes = partition(model, 2, "layer"), partition(model, 2, "bytes")
+    layer, by_bytes = shard_parameters(model, 2, "layer"), shard_parameters(model, 2, "bytes")
     assert [(s.start, s.stop) for s in layer] == [(0, 8320), (8320, 9610)]          # whole Linear layers
     assert layer[0].names == ("0.weight", "0.bias") and layer[1].names == ("2.weight", "2.bias")
     assert [(s.start, s.stop) for s in by_bytes] == [(0, 4805), (4805, 9610)]       # near-equal halves
     assert by_bytes[0].names == ("0.weight",) and by_bytes[1].names[0] == "0.weight"
-    deep = partition(mlp((64, 32, 32, 32, 10)), 3, "layer")   # layers of 2080, 1056, 1056, 330
+    deep = shard_parameters(mlp((64, 32, 32, 32, 10)), 3, "layer")   # layers of 2080, 1056, 1056, 330
     assert [s.numel for s in deep] == [2080, 1056, 1386]      # the largest shard as small as can be
     for k in (1, 3, 7):
-        parts = partition(model, k, "bytes")
+        parts = shard_parameters(model, k, "bytes")
         assert parts[0].start == 0 and parts[-1].stop == 9610
         assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
         assert max(p.numel for p in parts) - min(p.numel for p in parts) <= 1
     with pytest.raises(ValueError, match="2 layers .* k=3"):
-        partition(model, 3, "layer")
+        shard_parameters(model, 3, "layer")
     with pytest.raises(ValueError, match="by="):
-        partition(model, 2, "rows")
+        shard_parameters(model, 2, "rows")
 
 
 def test_train_on_cluster_names_the_straggler_and_validates_before_resizing():
@@ -340,7 +340,7 @@ def test_sharded_bsp_equals_centralized(world, splits, shard_by):
     central = final_params(world(4).run(train, BSP, MODEL, splits[0]))   # 1 server, N = 3 workers
     assert max_diff(final_params(res), central) < 1e-6
     assert max_diff(central, reference(BSP, splits[0], 3, 20)) < 1e-6
-    shards = partition(MODEL(), 2, shard_by)
+    shards = shard_parameters(MODEL(), 2, shard_by)
     assert [tuple(s["bounds"]) for s in servers_of(res)] == [(sh.start, sh.stop) for sh in shards]
     t, n, steps = traffic(events, 5), 3, 20
     for j, sh in enumerate(shards):                           # server j carries N·S_j each way
@@ -360,7 +360,7 @@ def test_colocated_equals_centralized(world, splits):
     assert max_diff(final_params(res), central) < 1e-6
     assert [r["version"] for r in res] == [20] * 4
     t = traffic(events, 4)              # about 2 (N-1)/N · S per rank per step, as a ring all-reduce
-    shards = partition(MODEL(), 4, "bytes")
+    shards = shard_parameters(MODEL(), 4, "bytes")
     for r in range(4):
         mine, others = 4 * shards[r].numel, sum(4 * s.numel for j, s in enumerate(shards) if j != r)
         assert t["sent"][r] == 20 * 3 * mine + 20 * others            # params to 3 ranks, gradient shards

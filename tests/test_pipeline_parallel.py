@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.pipeline_parallel import (Action, PipelineStage, bubble_fraction, get_schedule, gpipe_schedule, in_flight,
-                                    interleaved_one_f_one_b_schedule, one_f_one_b_schedule, partition,
+                                    interleaved_one_f_one_b_schedule, one_f_one_b_schedule, partition_layers,
                                     reference_grads, run_schedule, simulate, torch_pipeline_grads, validate_schedule)
 
 CFG = GPTConfig(n_layers=2)        # Embedding, 2 Blocks, Head: 4 layers, up to 4 stages
@@ -109,10 +109,10 @@ def test_broken_schedules_are_refused(schedule, words):
 
 
 def test_partition_and_bad_counts():
-    assert partition(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
-    assert partition(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert partition_layers(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert partition_layers(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
     with pytest.raises(ValueError, match=r"more stages than layers: stages\(5\) > layers\(4\)"):
-        partition(4, 5)
+        partition_layers(4, 5)
     with pytest.raises(ValueError, match="microbatches=0"):
         gpipe_schedule(2, 0)
     with pytest.raises(ValueError, match="'zb'"):

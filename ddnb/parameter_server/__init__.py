@@ -36,11 +36,11 @@ from ddnb.parameter_server.config import FAIL_HOWS, PSConfig
 from ddnb.parameter_server.consistency import MODES, bound, may_proceed, staleness_bound
 from ddnb.parameter_server.messages import ParameterServerError, traffic
 from ddnb.parameter_server.server import Server, serve
-from ddnb.parameter_server.sharded import (BY, Shard, assemble, bytes_per_step, final_params, partition,
+from ddnb.parameter_server.sharded import (BY, Shard, assemble, bytes_per_step, final_params, shard_parameters,
                                            train_colocated)
 from ddnb.parameter_server.training import checkpoint_file, session_timeout, train, train_on_cluster
 from ddnb.parameter_server.worker import work, worker_batch
 
 __all__ = ["MODES", "PSConfig", "ParameterServerError", "Server", "Shard", "assemble", "bound", "bytes_per_step",
-           "checkpoint_file", "final_params", "may_proceed", "partition", "staleness_bound", "traffic", "train",
+           "checkpoint_file", "final_params", "may_proceed", "shard_parameters", "staleness_bound", "traffic", "train",
            "train_allreduce", "train_on_cluster", "worker_batch"]

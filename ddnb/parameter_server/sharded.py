@@ -3,7 +3,7 @@
 Sharding (Li et al. 2014, OSDI, Sec. 4.3: the server group partitions the key space, each
 server node holds one range): the flat parameter vector (S bytes, model order) is cut
 into k contiguous element ranges, server j holding range j; a worker pulls and pushes
-range j from and to server j only. Two ways to cut (`partition`):
+range j from and to server j only. Two ways to cut (`shard_parameters`):
 
     by="layer"  whole layers (the parameters of one module: a Linear's weight and bias),
                 contiguous, grouped so that the largest shard is as small as possible.
@@ -86,7 +86,7 @@ def _balanced_cuts(sizes: list[int], k: int) -> list[int]:
     return cuts[::-1]
 
 
-def partition(params, k: int, by: str = "bytes") -> list[Shard]:
+def shard_parameters(params, k: int, by: str = "bytes") -> list[Shard]:
     """Split the flat parameter vector of `params` (a module, or tensors, or (name,
     tensor) pairs, in model order) into k contiguous shards, one per server."""
     if by not in BY:

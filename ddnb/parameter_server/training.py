@@ -22,7 +22,7 @@ from ddnb.data import Dataset
 from ddnb.models import flat_params
 from ddnb.parameter_server.config import PSConfig
 from ddnb.parameter_server.server import Server, serve
-from ddnb.parameter_server.sharded import partition, train_colocated
+from ddnb.parameter_server.sharded import shard_parameters, train_colocated
 from ddnb.parameter_server.worker import work
 
 
@@ -71,7 +71,7 @@ def train(config: PSConfig, model_fn, dataset, loss_fn=None, tracer=None) -> dic
     loss_fn = loss_fn or F.cross_entropy
     k, workers = config.num_servers(world_size), config.worker_ranks(world_size)
     model = model_fn()
-    shards = partition(model, k, config.shard_by)
+    shards = shard_parameters(model, k, config.shard_by)
     smallest = len(dataset) // len(workers)
     if config.batch_size > smallest:
         raise ValueError(f"batch_size={config.batch_size} > {smallest} examples in the smallest worker shard "

@@ -17,7 +17,7 @@ Dean et al. 2012 (DistBelief, Sec. 3); partitioning layers to balance stages fol
 PipeDream (Narayanan et al. 2019, Sec. 3.1) and GPipe's `balance` argument.
 Taught in `notebooks/08_model_parallelism.ipynb`.
 
-    bounds = partition(model, world_size, strategy="params")   # [(0, 2), (2, 3), (3, 4), (4, 6)]
+    bounds = partition_layers(model, world_size, strategy="params")   # [(0, 2), (2, 3), (3, 4), (4, 6)]
     stage = NaiveModelParallel(model, bounds)                  # this rank's layers only
     opt = torch.optim.Adam(stage.parameters())
     loss = stage.forward_backward(idx, targets, lm_loss)       # a float on the last rank, else None
@@ -45,7 +45,7 @@ def _count(layers) -> int:
     return len(list(layers))
 
 
-def partition(layers, stages: int, strategy: str = "equal", times=None) -> list[tuple[int, int]]:
+def partition_layers(layers, stages: int, strategy: str = "equal", times=None) -> list[tuple[int, int]]:
     """Split `layers` (an nn.Sequential, a list of modules, or for "equal" just their count)
     into `stages` contiguous,
     non-empty slices [(start, end), ...] covering all of them.

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddnb.pipeline_parallel.executor import split_microbatches
-from ddnb.pipeline_parallel.stage import _check_boundaries, check_microbatches, partition
+from ddnb.pipeline_parallel.naive import partition_layers
+from ddnb.pipeline_parallel.stage import _check_boundaries, check_microbatches
 
 
 def reference_grads(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn,
@@ -51,7 +52,7 @@ def torch_pipeline_grads(model: nn.Sequential, schedule: str, inputs: torch.Tens
         raise ValueError(f"schedule={schedule!r} is not one of {list(kinds)}")
     rank, p = dist.get_rank(group), dist.get_world_size(group)
     v = chunks if schedule == "interleaved" else 1
-    boundaries = partition(len(model), p * v) if boundaries is None else list(boundaries)
+    boundaries = partition_layers(len(model), p * v) if boundaries is None else list(boundaries)
     _check_boundaries(boundaries, len(model), p * v)
     modules, stages = [], []
     for c in range(v):

@@ -1,7 +1,7 @@
 """One stage of a pipeline: a contiguous slice of an nn.Sequential on one rank, and the
 point-to-point messages that join it to its neighbours.
 
-Rank r of `group` holds layers [start_r, end_r) (`partition`). Its forward receives a
+Rank r of `group` holds layers [start_r, end_r) (`partition_layers`). Its forward receives a
 micro-batch's activation from rank r-1, runs the slice and sends the output to r+1; its
 backward receives the gradient of that output from r+1, back-propagates through the
 slice (accumulating the parameters' .grad) and sends the gradient of its input to r-1.
@@ -33,15 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddnb.pipeline_parallel.naive import partition as _partition
+from ddnb.pipeline_parallel.naive import partition_layers
 from ddnb.trace import Tracer, get_tracer
-
-
-def partition(layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) layer ranges of `stages` stages over `layers` layers, as
-    equal as possible (the first `layers % stages` stages get one more layer): chapter 08's
-    `ddnb.pipeline_parallel.naive.partition(layers, stages, "equal")`, where the balanced splits are."""
-    return _partition(layers, stages, "equal")
 
 
 def check_microbatches(batch_size: int, microbatches: int) -> int:
@@ -59,7 +52,7 @@ def check_microbatches(batch_size: int, microbatches: int) -> int:
 class PipelineStage:
     """This rank's slice of `model` (an nn.Sequential built the same on every rank) and
     its messages. `boundaries`: the [start, end) layers of each stage (default
-    `partition(len(model), world_size)`). `batch_shape` / `input_dtype`: the whole
+    `partition_layers(len(model), world_size)`). `batch_shape` / `input_dtype`: the whole
     batch that enters stage 0, e.g. (B, T) int64 token ids; B must split into
     `microbatches`. The state of one step (inputs, outputs, losses per micro-batch) lives
     here between the forward and backward of each micro-batch.
@@ -81,7 +74,7 @@ class PipelineStage:
         self.chunk, self.chunks = chunk, chunks
         self.num_stages = chunks * self.world_size                          # virtual stages
         self.stage_index = chunk * self.world_size + self.rank
-        boundaries = partition(len(model), self.num_stages) if boundaries is None else list(boundaries)
+        boundaries = partition_layers(len(model), self.num_stages) if boundaries is None else list(boundaries)
         _check_boundaries(boundaries, len(model), self.num_stages)
         self.group, self.tracer, self.microbatches = group, tracer, microbatches
         self.boundaries = boundaries

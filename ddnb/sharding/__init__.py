@@ -8,13 +8,13 @@ naive first, then better, each stage one module:
     zero3.py       ZeroStage3                 + parameters sharded, all-gathered on demand (hooks)
     compare.py     train_gpt, expected_state_bytes
                                               the same GPT under DDP, ZeRO 1/2/3 and torch FSDP2
-    checkpointing.py  checkpoint_blocks, activation_cost
+    activation_checkpointing.py  checkpoint_blocks, activation_cost
                                               activation checkpointing: memory against recompute
 
 Taught in `notebooks/11_memory_sharding.ipynb`; the paper's formulas are
 `ddnb.cost.zero_memory` (bytes held) and `ddnb.cost.zero_comm_bytes` (bytes sent).
 """
-from ddnb.sharding.checkpointing import activation_cost, checkpoint_blocks
+from ddnb.sharding.activation_checkpointing import activation_cost, checkpoint_blocks
 from ddnb.sharding.compare import STRATEGIES, expected_state_bytes, fsdp2_memory, train_gpt
 from ddnb.sharding.flat import FlatUnit, default_units, shard_numel
 from ddnb.sharding.zero1 import ZeroStage1, adam_state_bytes, ring_bytes_sent

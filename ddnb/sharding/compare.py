@@ -6,7 +6,7 @@ runs Adam; so after any number of steps all of them must hold the same parameter
 to float rounding (the order of the sums differs). `train_gpt` runs one of them on every
 rank of a group and returns the losses, the final parameters and the bytes this rank
 held after its last step, and the bytes it sent per step (`sent_bytes`: counted in each
-ZeRO engine's collectives, and for DDP in a comm hook around its own bucket all-reduce).
+ZeRO wrapper's collectives, and for DDP in a comm hook around its own bucket all-reduce).
 `expected_state_bytes` is what ddnb's ZeRO *should* hold, to
 the byte: the formula of Rajbhandari et al. 2020, Sec. 5 (Figure 1) in fp32 (4-byte
 parameters and gradients, K = 8 for Adam's two moments) with each layer padded to a
@@ -123,9 +123,9 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        engine = DDP(model, process_group=group)
+        wrapped = DDP(model, process_group=group)
         sent = {"all_reduce": 0.0}
-        engine.register_comm_hook((group, sent), counted_allreduce_hook)
+        wrapped.register_comm_hook((group, sent), counted_allreduce_hook)
         opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps, foreach=False)
     elif strategy == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -134,14 +134,14 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
         mesh = init_device_mesh("cpu", (world_size,)) if group is None else DeviceMesh.from_group(group, "cpu")
         for block in list(model.children()):
             fully_shard(block, mesh=mesh)          # one all-gather per layer, as ddnb's units
-        engine = fully_shard(model, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
         opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps, foreach=False)
     else:
-        engine = ZERO[strategy](model, lr=lr, eps=eps, group=group)
-        opt, sent = engine, engine.sent_bytes
+        wrapped = ZERO[strategy](model, lr=lr, eps=eps, group=group)
+        opt, sent = wrapped, wrapped.sent_bytes
     losses = []
     for step, (x, y) in enumerate(batches):
-        loss = lm_loss(engine(x), y)
+        loss = lm_loss(wrapped(x), y)
         loss.backward()
         opt.step()
         mean = loss.detach().clone()
@@ -155,18 +155,18 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
             elif strategy == "fsdp2":
                 memory = fsdp2_memory(model, opt)
             else:
-                memory = engine.memory()
+                memory = wrapped.memory()
         opt.zero_grad()
     if strategy == "fsdp2":
         params = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
     elif strategy == "ddp":
         params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     else:
-        params = engine.full_parameters()
+        params = wrapped.full_parameters()
     out = {"strategy": strategy, "losses": losses, "params": params, "memory": memory,
            "num_params": sum(unit_numels), "unit_numels": unit_numels}
     if strategy != "fsdp2":
         out["sent_bytes"] = {k: v / steps for k, v in sent.items()}
     if strategy == "zero3":
-        out["peak_full_param_bytes"] = engine.peak_full_param_bytes
+        out["peak_full_param_bytes"] = wrapped.peak_full_param_bytes
     return out

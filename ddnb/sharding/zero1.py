@@ -28,12 +28,12 @@ fp32 on CPU here (ddnb's clusters are gloo): parameters and gradients take 4 byt
 Adam's state 8 (K = 8), not the paper's fp16 2 + 2 with fp32 K = 12; `memory()` counts
 what this rank really holds. Taught in `notebooks/11_memory_sharding.ipynb`.
 
-    engine = ZeroStage1(model, lr=1e-3)      # model replicated on every rank (same seed)
-    loss = lm_loss(engine(idx), targets)     # idx: this rank's part of the batch
+    zero = ZeroStage1(model, lr=1e-3)        # model replicated on every rank (same seed)
+    loss = lm_loss(zero(idx), targets)       # idx: this rank's part of the batch
     loss.backward()
-    engine.step()                            # reduce-scatter grads, Adam on my shard, all-gather
-    engine.zero_grad()
-    engine.sent_bytes                        # {"reduce_scatter": ..., "all_gather": ...} so far
+    zero.step()                              # reduce-scatter grads, Adam on my shard, all-gather
+    zero.zero_grad()
+    zero.sent_bytes                          # {"reduce_scatter": ..., "all_gather": ...} so far
 """
 from __future__ import annotations
 
