@@ -72,6 +72,7 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, bac
             break
         try:
             fn, args, kwargs = cloudpickle.loads(msg)
+            _resume_emulation()
             reply = ("ok", cloudpickle.dumps(fn(*args, **kwargs)))
         except BaseException as e:  # noqa: BLE001 - report everything to the parent
             reply = ("err", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -129,6 +130,20 @@ def check_backend(backend: str, n: int, gpus: int | None = None) -> str:
     return backend
 
 
+def _resume_emulation() -> None:
+    emulate = sys.modules.get("ddnb.emulate.clock")   # only if this rank emulates
+    if emulate is not None:
+        emulate.resume()
+
+
+def _activate_emulation(profile: dict, epoch: float) -> str:
+    import torch.distributed as dist
+
+    from ddnb.emulate import activate
+
+    return activate(profile, dist.get_rank(), dist.get_world_size(), epoch)
+
+
 class World:
     """N live processes in one process group (gloo by default; "nccl", "cpu:gloo,cuda:nccl"
     or "auto" as `check_backend` says, with one GPU per rank), and optionally Horovod.
@@ -137,11 +152,18 @@ class World:
     on a rank is the device its tensors belong on."""
 
     def __init__(self, n: int, timeout: float = 60, horovod: bool = False, threads: int | None = None,
-                 backend: str = "gloo"):
+                 backend: str = "gloo", emulate=None):
         from ddnb.runtime.worker import threads_for
 
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"World needs an integer n >= 1, got {n!r}")
+        profile = None
+        if emulate is not None:   # checked before any process starts
+            from ddnb.emulate import get_profile
+
+            profile = get_profile(emulate)
+            if horovod:
+                raise ValueError("emulate: Horovod is not emulated (its collectives would run at real speed)")
         self.threads = threads_for(n, threads)   # intra-op threads of every rank
         self.backend = backend = check_backend(backend, n)
         self.n, self.timeout, self.horovod = n, timeout, horovod
@@ -166,6 +188,15 @@ class World:
                 self._conns.append(parent)
                 self._procs.append(p)
         self._collect(["ready"] * n, "start-up", timeout)
+        self.emulate = profile
+        if profile is not None:
+            self.run(_activate_emulation, profile.to_dict(), time.monotonic() + 0.05)
+
+    def emulation_reports(self) -> list:
+        """Each rank's `ddnb.emulate.report()` (None per rank in real mode)."""
+        from ddnb.emulate import report
+
+        return self.run(report)
 
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
         """fn(*args, **kwargs) on every rank; the results in rank order."""

@@ -3,7 +3,9 @@
 Thin wrappers over torch.distributed's send / recv / isend / irecv / batch_isend_irecv
 that record a "send" or "recv" event (peer, bytes, start, end) in a `ddnb.trace.Tracer`.
 Peers are ranks *within* `group` (as in the algorithms' papers), converted here to the
-global ranks torch.distributed expects. Taught in `notebooks/03_collectives.ipynb`.
+global ranks torch.distributed expects. In an emulated cluster (`ddnb.emulate`) every
+message goes through `ddnb.emulate.messages` instead, and the events record emulated
+seconds. Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ddnb.emulate.clock import current as _emulator
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -32,15 +35,11 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = None, name: str = "send") -> None:
-    start = time.time()
-    dist.send(tensor, _global(dst, group), group=group)
-    get_tracer(tracer).record("send", name, start, time.time(), peer=dst, nbytes=nbytes(tensor))
+    isend(tensor, dst, group, tracer, name).wait()
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tracer: Tracer | None = None, name: str = "recv") -> None:
-    start = time.time()
-    dist.recv(tensor, _global(src, group), group=group)
-    get_tracer(tracer).record("recv", name, start, time.time(), peer=src, nbytes=nbytes(tensor))
+    irecv(tensor, src, group, tracer, name).wait()
 
 
 class Pending:
@@ -53,18 +52,30 @@ class Pending:
 
     def wait(self) -> None:
         if not self.done:
-            self.work.wait()
+            times = self.work.wait()   # emulated work returns its (start, end)
+            start, end = times if isinstance(times, tuple) else (self.start, time.time())
             self.done = True
-            get_tracer(self.tracer).record(self.kind, self.name, self.start, time.time(),
-                                           peer=self.peer, nbytes=self.size)
+            get_tracer(self.tracer).record(self.kind, self.name, start, end, peer=self.peer, nbytes=self.size)
 
 
 def isend(tensor, dst, group=None, tracer=None, name="send") -> Pending:
-    return Pending(dist.isend(tensor, _global(dst, group), group=group), "send", name, dst, nbytes(tensor), tracer)
+    if _emulator():
+        from ddnb.emulate import messages
+
+        work = messages.isend(tensor, _global(dst, group), group=group)
+    else:
+        work = dist.isend(tensor, _global(dst, group), group=group)
+    return Pending(work, "send", name, dst, nbytes(tensor), tracer)
 
 
 def irecv(tensor, src, group=None, tracer=None, name="recv") -> Pending:
-    return Pending(dist.irecv(tensor, _global(src, group), group=group), "recv", name, src, nbytes(tensor), tracer)
+    if _emulator():
+        from ddnb.emulate import messages
+
+        work = messages.irecv(tensor, _global(src, group), group=group)
+    else:
+        work = dist.irecv(tensor, _global(src, group), group=group)
+    return Pending(work, "recv", name, src, nbytes(tensor), tracer)
 
 
 def exchange(send_tensor: torch.Tensor | None, dst: int | None, recv_tensor: torch.Tensor | None,
@@ -72,6 +83,19 @@ def exchange(send_tensor: torch.Tensor | None, dst: int | None, recv_tensor: tor
     """Send to `dst` and receive from `src` at the same time (either may be None), with
     batch_isend_irecv so that neither side waits for the other to post first: the
     deadlock-free step every ring and butterfly algorithm is made of."""
+    sending, receiving = send_tensor is not None and dst is not None, recv_tensor is not None and src is not None
+    if _emulator() and (sending or receiving):
+        from ddnb.emulate import messages
+
+        times = iter(messages.exchange(send_tensor if sending else None, _global(dst, group) if sending else None,
+                                       recv_tensor if receiving else None, _global(src, group) if receiving else None,
+                                       group=group))
+        tr = get_tracer(tracer)
+        if sending:
+            tr.record("send", name or "send", *next(times), peer=dst, nbytes=nbytes(send_tensor))
+        if receiving:
+            tr.record("recv", name or "recv", *next(times), peer=src, nbytes=nbytes(recv_tensor))
+        return
     ops, kinds = [], []
     if send_tensor is not None and dst is not None:
         ops.append(dist.P2POp(dist.isend, send_tensor, _global(dst, group), group=group))

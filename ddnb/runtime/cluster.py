@@ -24,9 +24,9 @@ import psutil
 
 from ddnb._checks import Checks
 from ddnb.runtime import horovod as horovod_rt, local_engines, px, worker
-from ddnb.runtime.errors import ClusterError, WorkerLostError, WorkerTimeoutError
+from ddnb.runtime.errors import ClusterError, WorkerLostError
 from ddnb.runtime.local_engines import quiet as _quiet, reap as _reap
-from ddnb.runtime.placement import BACKENDS, assign_ranks, check_n, choose_backend
+from ddnb.runtime.placement import BACKENDS, assign_ranks, check_n, choose_backend, emulated_profile
 from ddnb.runtime.waiting import await_ranks, pid_alive
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -62,13 +62,17 @@ class Cluster:
         host / the workers on that host, at least 1: `ddnb.runtime.worker.threads_for`).
     start_timeout : seconds that starting engines and forming the world may take
         (default: the larger of `timeout` and 60; an engine imports torch as it starts).
+    emulate : None (real mode: this machine's processes and wall-clock times), or a profile
+        (a name in `ddnb.emulate.PROFILES`: "10gbe", "ib", "nvlink", or a `Profile`): the
+        workers become an emulated cluster of that hardware (`ddnb.emulate`). Every worker
+        must be on this host; Horovod is not emulated.
     """
 
     def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,
                  timeout: float = 60, *, profile: str | None = None, cluster_id: str | None = None,
                  profile_dir: str | None = None,
                  master_addr: str | None = None, threads: int | None = None,
-                 start_timeout: float | None = None, start: bool = True):
+                 start_timeout: float | None = None, start: bool = True, emulate=None):
         self._connect = profile is not None or cluster_id is not None or profile_dir is not None
         with Checks("Cluster") as check:
             check_n(n, allow_none=self._connect, check=check)
@@ -77,6 +81,9 @@ class Cluster:
             check.integer("threads", threads, min=1, none=True)
             check.rule(not horovod or horovod_rt.horovod_available(), "horovod=True but Horovod with PyTorch "
                        "is not installed (run `make lab` or scripts/install_horovod.sh)")
+            self.emulate = emulated_profile(emulate, check)
+            check.rule(not (horovod and emulate is not None), "emulate with horovod=True: Horovod is not "
+                       "emulated (its collectives would run at real speed)")
         self.n, self.backend_requested, self.horovod = n, backend, horovod
         self.timeout, self.profile, self.cluster_id = float(timeout), profile, cluster_id
         self.profile_dir = profile_dir
@@ -131,30 +138,8 @@ class Cluster:
                                              new, "watch_parent", self.start_timeout))
 
     def _connect_existing(self) -> None:
-        """Find the ipcluster's cluster file (it may still be starting), connect a client,
-        and wait until it has at least n engines."""
-        where = {"cluster_id": self.cluster_id or ""}
-        where.update({"profile_dir": self.profile_dir} if self.profile_dir else {"profile": self.profile or "default"})
-        described = ", ".join(f"{k}={v!r}" for k, v in where.items())
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            try:
-                self._ipp = ipp.Cluster.from_file(**where)
-                break
-            except (FileNotFoundError, ValueError):  # not there yet, or half written (empty JSON)
-                if time.monotonic() > deadline:
-                    raise WorkerTimeoutError([], f"no ipcluster found ({described}) within {self.start_timeout:.0f} s; "
-                                                 "start one first, e.g. `ipcluster start -n 4 --cluster-id=ID "
-                                                 "--engines=ssh`") from None
-                time.sleep(0.2)
-        with _quiet():
-            self.client = self._ipp.connect_client_sync()
-        want = self.n or 1
-        while len(self.client.ids) < want:
-            if time.monotonic() > deadline:
-                raise WorkerTimeoutError([], f"the ipcluster ({described}) has {len(self.client.ids)} engines, "
-                                             f"{want} wanted, after {self.start_timeout:.0f} s")
-            time.sleep(0.1)
+        self._ipp, self.client = local_engines.connect_ipcluster(self.profile, self.cluster_id, self.profile_dir,
+                                                                 self.n or 1, self.start_timeout)
 
     def _engine_ids(self) -> list[int]:
         return sorted(self.client.ids) if self.client is not None else []
@@ -185,6 +170,11 @@ class Cluster:
         if self.horovod:
             self._init_horovod(hosts, single_host, self._horovod_env)
             lap("horovod")
+        if self.emulate is not None:
+            if not single_host:
+                raise ValueError("emulate needs every worker on this host: the emulated clock is this machine's")
+            self._run_engines(worker.start_emulation, [(self.emulate.to_dict(), time.monotonic() + 0.05)] * world,
+                              "emulate", timeout=self.start_timeout)
         self.view = self.client[engine_ids]
         self.view.block = True
         self._push_names()
@@ -332,8 +322,15 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def emulation_report(self) -> str:
+        """Real mode, or whether every emulated operation kept to its model (`ddnb.emulate.summary`)."""
+        from ddnb.emulate import report, summary
+
+        return summary(self.run(report)) if self.emulate is not None else "real mode: nothing emulated"
+
     def __repr__(self) -> str:
         state = f"{self.n} workers, backend={self.backend}" + (", horovod" if self.horovod else "")
+        state += f", emulated '{self.emulate.name}'" if self.emulate is not None else ""
         return f"<ddnb.Cluster {state}{'' if self.client else ', stopped'}>"
 
     # ------------------------------------------------------------------ running code
@@ -370,6 +367,7 @@ class Cluster:
                                         f"({'; '.join(self._where(self.workers[r]['engine_id']) for r in dead)}): "
                                         f"call cluster.restart() before running {what}")
         eids = [w["engine_id"] for w in self.workers]
+        fn = worker.resumed(fn) if self.emulate is not None else fn   # idle time between tasks is not work
         ars = [self.client[e].apply_async(fn, *a, **(kwargs or {})) for e, a in zip(eids, per_rank_args)]
         return self._await(ars, eids, what, timeout, allow_lost)
 
@@ -395,5 +393,4 @@ class Cluster:
 
     def _dead_ranks(self, ranks) -> list[int]:
         return [r for r in ranks if self._engine_dead(self.workers[r]["engine_id"])]
-
 

@@ -104,3 +104,31 @@ def quiet():
     """ipyparallel prints progress and log lines while starting; keep cells clean."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
+
+
+def connect_ipcluster(profile, cluster_id, profile_dir, want: int, timeout: float):
+    """Find an ipcluster started elsewhere (ssh, MPI, Slurm engines) by its cluster file,
+    which may still be being written, connect a client, and wait until it has at least
+    `want` engines; WorkerTimeoutError after `timeout` s. Returns (ipp.Cluster, Client)."""
+    where = {"cluster_id": cluster_id or ""}
+    where.update({"profile_dir": profile_dir} if profile_dir else {"profile": profile or "default"})
+    described = ", ".join(f"{k}={v!r}" for k, v in where.items())
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ipc = ipp.Cluster.from_file(**where)
+            break
+        except (FileNotFoundError, ValueError):  # not there yet, or half written (empty JSON)
+            if time.monotonic() > deadline:
+                raise WorkerTimeoutError([], f"no ipcluster found ({described}) within {timeout:.0f} s; "
+                                             "start one first, e.g. `ipcluster start -n 4 --cluster-id=ID "
+                                             "--engines=ssh`") from None
+            time.sleep(0.2)
+    with quiet():
+        client = ipc.connect_client_sync()
+    while len(client.ids) < want:
+        if time.monotonic() > deadline:
+            raise WorkerTimeoutError([], f"the ipcluster ({described}) has {len(client.ids)} engines, "
+                                         f"{want} wanted, after {timeout:.0f} s")
+        time.sleep(0.1)
+    return ipc, client

@@ -56,3 +56,15 @@ def check_n(n, allow_none: bool = False, check: Checks | None = None) -> None:
                   why=" workers (for more, connect to an ipcluster with profile=/cluster_id=)")
     if check is None:
         c.done()
+
+
+def emulated_profile(emulate, check: Checks):
+    """The emulated cluster's Profile (None: real mode); a bad one is a problem in `check`."""
+    if emulate is None:
+        return None
+    from ddnb.emulate import get_profile
+
+    try:
+        return get_profile(emulate)
+    except ValueError as e:
+        check.rule(False, str(e))

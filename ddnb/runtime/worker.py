@@ -235,3 +235,32 @@ def push_namespace(names: dict, horovod: bool) -> None:
         import horovod.torch as hvd
 
         ns["hvd"] = hvd
+
+
+def start_emulation(profile: dict, epoch: float) -> str:
+    """Runs on an engine: make it one worker of the emulated cluster `profile`
+    (`ddnb.emulate.activate`), and let each %%px cell start on a caught-up clock."""
+    import torch.distributed as dist
+
+    from ddnb import emulate
+
+    name = emulate.activate(profile, dist.get_rank(), dist.get_world_size(), epoch)
+    try:
+        events = get_ipython().events  # noqa: F821  (an engine is an IPython kernel)
+    except NameError:
+        return name
+    if emulate.resume not in events.callbacks["pre_execute"]:
+        events.register("pre_execute", emulate.resume)
+    return name
+
+
+def resumed(fn):
+    """fn, started on a caught-up emulated clock (`ddnb.emulate.resume`): the time a worker
+    sat idle between tasks is neither work nor an overrun."""
+    def call(*args, **kwargs):
+        from ddnb.emulate import resume
+
+        resume()
+        return fn(*args, **kwargs)
+    call.__name__ = getattr(fn, "__name__", "fn")
+    return call

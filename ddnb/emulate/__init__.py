@@ -1,0 +1,23 @@
+"""The emulated cluster: real processes, real bytes, real math, and time paced by a
+profile of the hardware (devices, links, hosts), so that a 2-core laptop shows what a GPU
+cluster does: a pipeline's bubble shrinking, communication hidden behind backward, the
+ring overtaking the tree. Like a network emulator (Mininet: Handigol et al., CoNEXT 2012)
+it runs the real program and paces it; unlike a simulator it computes nothing from the
+formula it is compared with: an emulated time comes out of the real run (real messages
+and waits, each operation charged its modeled time).
+
+    cluster = ddnb.Cluster(n=8, emulate="ib")          # or emulate=ddnb.emulate.custom(...)
+    profile.py   Profile, Link, PROFILES ("10gbe", "ib", "nvlink"), custom, get_profile
+    clock.py     Emulator (a worker's clock and links), activate, report, summary
+    compute.py   PacedCompute: every torch operation charged its roofline time
+    messages.py  send / recv / exchange with a header; torch collectives at the model's time
+
+Every time measured in emulated mode is emulated seconds of the profile, and is printed
+with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
+`notebooks/09_pipeline_parallelism.ipynb`.
+"""
+from ddnb.emulate.clock import TOLERANCE, Emulator, activate, current, deactivate, report, resume, summary
+from ddnb.emulate.profile import PROFILES, Link, Profile, custom, get_profile
+
+__all__ = ["PROFILES", "TOLERANCE", "Emulator", "Link", "Profile", "activate", "current", "custom", "deactivate",
+           "get_profile", "report", "resume", "summary"]

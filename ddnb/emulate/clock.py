@@ -1,0 +1,222 @@
+"""The emulated clock of one worker, and its links.
+
+Every worker keeps `t`, the emulated time (seconds since the cluster's epoch) at which it
+has finished all it was given. Work advances it; real time is kept in step with it:
+
+- **compute** adds its modeled time to `t` (`charge`, from `ddnb.emulate.compute`);
+- a **message** leaves when the sender's outgoing link is free and `t` has come, takes
+  n / B on the sender's outgoing link and on the receiver's incoming link (cut-through, so
+  the two overlap), and arrives alpha later: the receiver's `t` becomes at least the
+  arrival time (`send_start`, `arrival`). The sender puts its start time in a small header
+  that travels with the real bytes (`ddnb.emulate.messages`), so the arrival time comes
+  from the real message the real program sent;
+- before anything another process can see (a message, a collective, a reading of the
+  clock), the worker **syncs**: it sleeps until real time reaches `t x slowdown`. If real
+  time is already later by more than `TOLERANCE` real seconds, the real work (or a real
+  wait on another worker) took longer than its model: an **overrun**. It is counted,
+  `t` moves to the real time (the time printed is then the real one, too slow), and
+  `report()` says so; raise the slowdown until there are none.
+
+Modeled: one full-duplex link per rank and kind (intra-host, inter-host), so a rank's
+messages share its link in each direction (a NIC serializes); alpha per message.
+Not modeled: switch contention and oversubscribed fabrics (every pair has full
+bandwidth), congestion control, the CPU cost of sending (zero-copy, as RDMA), and links
+shared by several ranks of one host. Times from torch.distributed's own collectives are
+the alpha-beta model's (`ddnb.emulate.messages.all_reduce`); Horovod is not emulated.
+Taught in `notebooks/05_allreduce.ipynb`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from ddnb.emulate.profile import Profile, get_profile
+
+# Real seconds by which a worker may be late at a sync without it counting as an overrun:
+# sleeping to a deadline wakes a median 0.15 ms late here, p95 1.0-1.6 ms with 8-16
+# processes on 2 cores. Lateness within it is not added to emulated time.
+TOLERANCE = 0.004
+
+
+class Emulator:
+    """The emulated clock and link state of one rank in a world of `world_size`."""
+
+    def __init__(self, profile: Profile, rank: int, world_size: int, epoch: float):
+        self.profile, self.rank, self.world_size, self.epoch = profile, rank, world_size, epoch
+        self.lock = threading.RLock()
+        self.t = max(0.0, self.real_now())
+        self.free = {}             # (direction, link kind) -> emulated time the link is free
+        self.syncs = self.overruns = 0
+        self.overrun_time = self.max_overrun = 0.0   # emulated seconds
+        self.flops = self.compute_time = 0.0
+        self.messages = self.bytes_sent = 0
+
+    # ------------------------------------------------------------------ time
+    def real_now(self) -> float:
+        """Real time since the epoch, in emulated seconds."""
+        return (time.monotonic() - self.epoch) / self.profile.slowdown
+
+    def charge(self, seconds: float, flops: float = 0.0) -> None:
+        """Add `seconds` of modeled work to this rank's time (no sleep yet)."""
+        with self.lock:
+            self.t += seconds
+            self.compute_time += seconds
+            self.flops += flops
+
+    def advance_to(self, t: float) -> None:
+        with self.lock:
+            self.t = max(self.t, t)
+
+    def sync(self) -> float:
+        """Sleep until real time reaches `t` (or count an overrun); returns `t`."""
+        with self.lock:
+            target = self.t
+            self.syncs += 1
+        late = self.real_now() - target
+        if late < 0:
+            time.sleep(-late * self.profile.slowdown)
+        elif late * self.profile.slowdown > TOLERANCE:
+            with self.lock:
+                self.overruns += 1
+                self.overrun_time += late
+                self.max_overrun = max(self.max_overrun, late)
+                self.t = max(self.t, target + late)
+        return self.t
+
+    def resume(self) -> float:
+        """A new task starts on an idle worker: the real time it sat idle is not work and
+        not an overrun, so `t` catches up with real time (ranks realign at their next
+        barrier or message)."""
+        with self.lock:
+            self.t = max(self.t, self.real_now())
+            return self.t
+
+    def now(self) -> float:
+        """The emulated time, after a sync."""
+        return self.sync()
+
+    # ------------------------------------------------------------------ links
+    def _kind(self, peer: int) -> str:
+        return "intra" if self.profile.host(peer) == self.profile.host(self.rank) else "inter"
+
+    def send_start(self, dst: int, nbytes: int) -> tuple[float, float]:
+        """A message of `nbytes` to global rank `dst` leaves now: (start, end) of its time
+        on this rank's outgoing link. Call after sync()."""
+        kind = self._kind(dst)
+        link = getattr(self.profile, kind)
+        with self.lock:
+            start = max(self.t, self.free.get(("out", kind), 0.0))
+            end = start + nbytes / link.bandwidth
+            self.free[("out", kind)] = end
+            self.messages += 1
+            self.bytes_sent += nbytes
+        return start, end
+
+    def arrival(self, src: int, start: float, nbytes: int) -> float:
+        """When a message that left global rank `src` at emulated time `start` has
+        arrived here, its bytes through this rank's incoming link and alpha paid."""
+        kind = self._kind(src)
+        link = getattr(self.profile, kind)
+        with self.lock:
+            begin = max(start, self.free.get(("in", kind), 0.0))
+            end = begin + nbytes / link.bandwidth
+            self.free[("in", kind)] = end
+        return end + link.alpha
+
+    def occupy_links(self, until: float) -> None:
+        """Mark every link busy until `until` (a collective run outside the message layer)."""
+        with self.lock:
+            for direction in ("out", "in"):
+                for kind in ("intra", "inter"):
+                    self.free[(direction, kind)] = max(self.free.get((direction, kind), 0.0), until)
+
+    # ------------------------------------------------------------------ report
+    def report(self) -> dict:
+        """This rank's counts: syncs, overruns, their emulated seconds, compute charged."""
+        with self.lock:
+            return {"rank": self.rank, "profile": self.profile.name, "time": self.t, "syncs": self.syncs,
+                    "overruns": self.overruns, "overrun_time": self.overrun_time,
+                    "max_overrun": self.max_overrun, "flops": self.flops, "compute_time": self.compute_time,
+                    "messages": self.messages, "bytes_sent": self.bytes_sent}
+
+
+_EMULATOR: Emulator | None = None
+
+
+def current() -> Emulator | None:
+    """This process's emulator, or None in real mode."""
+    return _EMULATOR
+
+
+def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bool = True) -> str:
+    """Runs on every rank: from now on this process is one worker of the emulated cluster
+    `profile` (messages through `ddnb.collectives.p2p` are paced, and with pace_compute
+    every torch operation of this thread is charged its modeled time). `epoch`: a
+    time.monotonic() value shared by all ranks (one machine, one clock)."""
+    global _EMULATOR
+    deactivate()
+    import ddnb.collectives  # noqa: F401  first imports are not a worker's work: done before the clock starts
+    import ddnb.emulate.messages  # noqa: F401
+    profile = get_profile(profile)
+    _EMULATOR = Emulator(profile, rank, world_size, epoch)
+    if pace_compute:
+        from ddnb.emulate.compute import start_pacing
+
+        start_pacing(_EMULATOR)
+    _warm_up(rank, world_size)
+    _EMULATOR.__init__(profile, rank, world_size, epoch)   # the warm-up's time and counts are not the run's
+    return profile.name
+
+
+def _warm_up(rank: int, world_size: int) -> None:
+    """A barrier and one ring step on every rank: the first collective and the first
+    messages of a process pay one-time set-up (seconds on a busy machine), which is not
+    the cluster's time."""
+    import torch
+
+    from ddnb.emulate import messages
+
+    messages.barrier()
+    if world_size > 1:
+        x, y = torch.zeros(1), torch.zeros(1)
+        messages.exchange(x, (rank + 1) % world_size, y, (rank - 1) % world_size)
+    messages.barrier()
+
+
+def deactivate() -> dict | None:
+    """Back to real mode; returns the last report (None if not emulating)."""
+    global _EMULATOR
+    if _EMULATOR is None:
+        return None
+    from ddnb.emulate.compute import stop_pacing
+
+    stop_pacing()
+    report, _EMULATOR = _EMULATOR.report(), None
+    return report
+
+
+def resume() -> None:
+    """Call at the start of each task a worker runs (World and Cluster do)."""
+    if _EMULATOR is not None:
+        _EMULATOR.resume()
+
+
+def report() -> dict | None:
+    """This rank's emulation report (None in real mode)."""
+    return None if _EMULATOR is None else _EMULATOR.report()
+
+
+def summary(reports: list[dict]) -> str:
+    """One line for all ranks' reports: whether every operation kept to its model."""
+    reports = [r for r in reports if r]
+    if not reports:
+        return "real mode: nothing emulated"
+    over = [r for r in reports if r["overruns"]]
+    syncs = sum(r["syncs"] for r in reports)
+    name = reports[0]["profile"]
+    if not over:
+        return f"emulated '{name}': no overruns in {syncs} syncs (every operation kept to its modeled time)"
+    worst = max(r["max_overrun"] for r in over)
+    return (f"emulated '{name}': {sum(r['overruns'] for r in over)} overruns in {syncs} syncs on rank(s) "
+            f"{', '.join(str(r['rank']) for r in over)} (worst {worst * 1e3:.3f} emulated ms): real work "
+            f"took longer than its model there, so those times are too slow; raise slowdown")

@@ -1,0 +1,162 @@
+"""The emulated cluster (ddnb.emulate): messages take alpha + n/B of their link, one rank's
+sends share its link, compute takes its roofline time, results are bit-identical to real
+mode, overruns are reported, and bad profiles fail before any process starts.
+
+Times here are emulated, so they do not depend on this machine's speed; the profile's
+alpha and slowdown are large enough (20 ms of real time per message) that the real work
+fits inside them even on a loaded machine. Speed targets live in the benchmarks."""
+import psutil
+import pytest
+import torch
+
+from ddnb import emulate
+from ddnb.collectives import ALLREDUCES
+from ddnb.emulate import Link, Profile, custom, get_profile
+from ddnb.testing import World
+
+ALPHA, BW, PEAK = 1e-3, 1e8, 1e9     # 1 ms, 100 MB/s, 1 GFLOP/s; x slowdown 20 = 20 ms real per message
+SLOW = custom(alpha=ALPHA, bandwidth=BW, peak_flops=PEAK, efficiency=1.0, memory_bandwidth=1e12, slowdown=20)
+
+
+@pytest.fixture(scope="module")
+def world():
+    with World(3, emulate=SLOW, timeout=120) as w:
+        yield w
+
+
+def _pingpong(nbytes):
+    import torch.distributed as dist
+
+    from ddnb.collectives import p2p
+    from ddnb.emulate import current, messages
+
+    x, em = torch.zeros(nbytes // 4), current()
+    messages.barrier()
+    t0 = em.now()
+    if dist.get_rank() == 0:
+        p2p.send(x, 1)
+        p2p.recv(x, 1)
+    elif dist.get_rank() == 1:
+        p2p.recv(x, 0)
+        p2p.send(x, 0)
+    return (em.now() - t0) / 2
+
+
+@pytest.mark.parametrize("nbytes", [4, 400_000])
+def test_a_message_takes_alpha_plus_n_over_b(world, nbytes):
+    one_way = world.run(_pingpong, nbytes)[0]
+    assert one_way == pytest.approx(ALPHA + nbytes / BW, rel=0.05)
+
+
+def _two_sends(nbytes):
+    import torch.distributed as dist
+
+    from ddnb.collectives import p2p
+    from ddnb.emulate import current, messages
+
+    x, em = torch.zeros(nbytes // 4), current()
+    t0 = messages.barrier()
+    if dist.get_rank() == 0:
+        for w in [p2p.isend(x, 1), p2p.isend(x, 2)]:
+            w.wait()
+    else:
+        p2p.recv(x, 0)
+    return em.t - t0
+
+
+def test_sends_from_one_rank_share_its_link(world):
+    n = 200_000
+    sender, first, second = world.run(_two_sends, n)
+    assert first == pytest.approx(ALPHA + n / BW, rel=0.02)       # the first message has the link alone
+    assert second == pytest.approx(ALPHA + 2 * n / BW, rel=0.02)  # the second waits for its bytes
+    assert sender == pytest.approx(2 * n / BW, rel=0.02)          # the sender is done when both are on the wire
+
+
+def _matmul(m, k, n):
+    from ddnb.emulate import current
+
+    a, b, em = torch.randn(m, k), torch.randn(k, n), current()
+    t0 = em.now()
+    a @ b
+    return em.now() - t0, em.report()["flops"]
+
+
+def test_a_paced_matmul_takes_its_flops_over_peak(world):
+    took, flops = world.run(_matmul, 64, 128, 96)[0]
+    assert flops >= 2 * 64 * 128 * 96
+    assert took == pytest.approx(2 * 64 * 128 * 96 / PEAK, rel=0.05)
+
+
+def _allreduce(algorithm, numel):
+    import torch.distributed as dist
+
+    from ddnb.collectives import ALLREDUCES
+
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
+    ALLREDUCES[algorithm](x)
+    return x
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALLREDUCES))
+def test_results_are_bit_identical_to_real_mode(world, algorithm):
+    with World(3) as real:
+        expected = real.run(_allreduce, algorithm, 1001)
+    got = world.run(_allreduce, algorithm, 1001)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_an_overrun_is_reported():
+    # slowdown 1e-6: a microsecond of real work would need to take a picosecond
+    fast = SLOW.with_(slowdown=1e-6, name="too-fast")
+    with World(2, emulate=fast, timeout=60) as w:
+        w.run(_matmul, 600, 600, 600)   # tens of real ms, far over TOLERANCE
+        reports = w.emulation_reports()
+    assert all(r["overruns"] >= 1 for r in reports)
+    assert "raise slowdown" in emulate.summary(reports) and "too-fast" in emulate.summary(reports)
+
+
+def test_idle_time_between_tasks_is_not_an_overrun_but_late_work_is():
+    import time
+
+    from ddnb.emulate import Emulator
+
+    em = Emulator(SLOW, 0, 1, time.monotonic())
+    time.sleep(0.05)                  # idle: 50 real ms, over TOLERANCE
+    em.resume()
+    em.sync()
+    assert em.overruns == 0
+    em.charge(1e-4)                   # 2 real ms of modeled work ...
+    time.sleep(0.05)                  # ... took 50
+    em.sync()
+    assert em.overruns == 1 and em.overrun_time == pytest.approx(0.05 / 20 - 1e-4, abs=0.01 / 20)
+
+
+@pytest.mark.parametrize("make, names", [
+    (lambda: custom(alpha=-1, bandwidth=0), ["alpha=-1", "bandwidth=0"]),
+    (lambda: SLOW.with_(slowdown=0), ["slowdown=0"]),
+    (lambda: SLOW.with_(slowdown=-2, efficiency=1.5), ["slowdown=-2", "efficiency=1.5"]),
+    (lambda: Profile("x", 1e12, 0.5, 1e12, Link(1e-6, -5), Link(1e-6, 1e9), 0), ["intra.bandwidth=-5",
+                                                                               "ranks_per_host=0"]),
+    (lambda: get_profile("infiniband"), ["'infiniband' is not a profile", "10gbe"]),
+])
+def test_bad_profiles_name_every_bad_field(make, names):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert all(n in str(e.value) for n in names), str(e.value)
+
+
+def test_bad_profiles_fail_before_any_process_starts():
+    from ddnb import Cluster
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for make in (lambda: World(2, emulate="infiniband"), lambda: Cluster(n=2, emulate="infiniband"),
+                 lambda: Cluster(n=2, emulate="ib", horovod=True)):
+        with pytest.raises(ValueError, match="infiniband|not emulated"):
+            make()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_named_profiles_cite_their_sources():
+    for name, p in emulate.PROFILES.items():
+        assert p.name == name and "datasheet" in p.source or "GbE" in p.source
+        assert name in str(p) and "emulated" in str(p)
