@@ -1,6 +1,8 @@
 """Timing a collective on every rank the way benchmarks do (nccl-tests, OSU): warm up,
 line the ranks up with a barrier, time `iters` calls, and report the slowest rank's
-mean, since a collective is finished only when its last rank is.
+mean, since a collective is finished only when its last rank is. In an emulated cluster
+(`ddnb.emulate`) the barrier and the clock are the emulated ones, so the time is emulated
+seconds of its profile.
 Taught in `notebooks/00_getting_started.ipynb`; used by `ddnb.bench`."""
 from __future__ import annotations
 
@@ -18,15 +20,16 @@ def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None
     # with nccl in the group ("nccl" or "cpu:gloo,cuda:nccl") time it on this rank's GPU
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend(group) else "cpu"
     x = torch.ones(numel, dtype=dtype or torch.float32, device=device)
+    barrier, clock = barrier_and_clock()
     for _ in range(warmup):
         op(x)
     _sync(device)
-    dist.barrier(group=group)
-    t0 = time.perf_counter()
+    barrier(group=group)
+    t0 = clock()
     for _ in range(iters):
         op(x)
     _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    elapsed = torch.tensor([(clock() - t0) / iters], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return elapsed.item()
 
@@ -35,7 +38,28 @@ def time_allreduce(numel: int, iters: int = 10, warmup: int = 2) -> float:
     """torch.distributed.all_reduce on a float32 tensor of `numel` elements, in seconds."""
     import torch.distributed as dist
 
+    from ddnb.emulate import current
+
+    if current() is not None:   # emulated: the real all-reduce, charged its model's time
+        from ddnb.emulate.messages import all_reduce
+
+        return time_collective(all_reduce, numel, iters, warmup)
     return time_collective(dist.all_reduce, numel, iters, warmup)
+
+
+def barrier_and_clock():
+    """(barrier, clock): torch.distributed's barrier and time.perf_counter, or in an
+    emulated cluster the emulated ones."""
+    from ddnb.emulate import current
+
+    em = current()
+    if em is None:
+        import torch.distributed as dist
+
+        return (lambda group=None: dist.barrier(group=group)), time.perf_counter
+    from ddnb.emulate import messages
+
+    return messages.barrier, em.now
 
 
 def _sync(device) -> None:

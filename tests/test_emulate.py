@@ -160,3 +160,20 @@ def test_named_profiles_cite_their_sources():
     for name, p in emulate.PROFILES.items():
         assert p.name == name and "datasheet" in p.source or "GbE" in p.source
         assert name in str(p) and "emulated" in str(p)
+
+
+def test_the_allreduce_bench_runs_emulated_and_says_so():
+    """Rows in emulated seconds, labelled with the profile; torch's all-reduce charged the
+    ring's alpha-beta time; the model fitted to the run's own point-to-point times."""
+    from ddnb.bench.allreduce import allreduce_benchmark
+    from ddnb.cost import allreduce_time
+
+    rows, model = allreduce_benchmark(2, [4096, 65536], ["ring", "torch"], fit=True, emulate=SLOW, timeout=120)
+    assert {r["emulated"] for r in rows} == {"custom"} and "emulated 'custom'" in model["emulation"]
+    for r in rows:
+        if r["algorithm"] == "torch":
+            assert r["time"] == pytest.approx(allreduce_time("ring", r["size"], 2, ALPHA, 1 / BW, 0.0), rel=0.05)
+    alpha, beta = model["alpha_beta"]["pingpong"]
+    assert alpha == pytest.approx(ALPHA, rel=0.05) and beta == pytest.approx(1 / BW, rel=0.05)
+    with pytest.raises(ValueError, match="Horovod is not emulated"):
+        allreduce_benchmark(2, [4096], ["horovod"], emulate=SLOW)

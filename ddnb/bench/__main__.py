@@ -42,22 +42,52 @@ def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
+def _add_emulate_arguments(p) -> None:
+    from ddnb.emulate import PROFILES
+
+    p.add_argument("--emulate", metavar="PROFILE", choices=sorted(PROFILES),
+                   help=f"run in an emulated cluster ({', '.join(sorted(PROFILES))}; ddnb.emulate): every time "
+                        "is then the profile's emulated seconds")
+    p.add_argument("--slowdown", type=_at_least(0.0, float),
+                   help="real seconds per emulated second (default: the profile's); raise it if the run "
+                        "reports overruns")
+
+
+def _emulated(parser, args):
+    """The emulated profile the command line asks for (None: real mode)."""
+    if args.emulate is None:
+        if args.slowdown is not None:
+            parser.error("--slowdown needs --emulate")
+        return None
+    from ddnb.emulate import get_profile
+
+    profile = get_profile(args.emulate)
+    return profile.with_(slowdown=args.slowdown) if args.slowdown else profile
+
+
 def _cmd_allreduce(parser, args) -> int:
     from ddnb.runtime.horovod import horovod_available
 
-    algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS if a != "horovod" or horovod_available()]
+    emulate = _emulated(parser, args)
+    algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS
+                                     if a != "horovod" or (horovod_available() and emulate is None)]
     unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
     if unknown:
         parser.error(f"unknown algorithms {unknown}; known: {', '.join(ALLREDUCE_ALGORITHMS)}")
     if "horovod" in algorithms and not horovod_available():
         parser.error("--algorithms includes horovod, but Horovod with PyTorch is not installed")
+    if "horovod" in algorithms and emulate is not None:
+        parser.error("--algorithms includes horovod, but Horovod is not emulated")
     out = sys.stderr if args.json else sys.stdout
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    if emulate is not None:
+        print(f"{emulate}: every time below is emulated seconds of this profile, not this machine's; "
+              "torch's all-reduce is charged the ring's alpha-beta time", file=out, flush=True)
     print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
           f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
           f"~{args.seconds} s per measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
     rows, model = ar.allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
-                                      fit=args.fit, timeout=args.timeout, log=log)
+                                         fit=args.fit, timeout=args.timeout, log=log, emulate=emulate)
     link = model["link"]
     print(f"done; {_load()} (other processes on these cores slow every measurement); "
           f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
@@ -70,6 +100,8 @@ def _cmd_allreduce(parser, args) -> int:
         print(f"local add, all ranks at once: gamma = {model['gamma'] * 1e9:.3f} ns/B. model: ring and "
               f"halving_doubling on the sendrecv fit, naive and tree on the ping-pong fit; "
               f"'pp error': every algorithm on the ping-pong fit", file=out)
+    if model["emulation"]:
+        print(model["emulation"], file=out)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -99,6 +131,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
                    help="seconds before a stuck world is killed (default 300)")
     p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
+    _add_emulate_arguments(p)
     p.set_defaults(run=_cmd_allreduce, parser=p)
     _add_dp_parser(sub)
     return parser

@@ -90,6 +90,12 @@ def _allreduce_op(algorithm: str, size: int):
     if algorithm == "torch":
         import torch.distributed as dist
 
+        from ddnb.emulate import current
+
+        if current() is not None:   # emulated: gloo's all-reduce, charged the ring's alpha-beta time
+            from ddnb.emulate.messages import all_reduce
+
+            return all_reduce
         return dist.all_reduce
     if algorithm == "horovod":
         import horovod.torch as hvd
@@ -106,7 +112,12 @@ def _timed(measure, target_seconds: float, max_iters: int, repeats: int):
     """measure(iters) -> seconds per call, the same on every rank. Doubles `iters` until a
     probe takes ~1/10 of the target, then measures `repeats` windows of `iters` calls,
     ~target_seconds in all, and returns (the median window's time, iters): on a shared
-    machine a burst of someone else's load spoils one window, not the result."""
+    machine a burst of someone else's load spoils one window, not the result. In an
+    emulated cluster, one call (after the warm-up): emulated time does not vary with load."""
+    from ddnb.emulate import current
+
+    if current() is not None:
+        return measure(1), 1
     iters = 1
     while True:
         t = measure(iters)
@@ -219,7 +230,7 @@ def add_predictions(rows: list[dict], params: dict, gamma: float) -> None:
 
 def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",), target_seconds: float = 0.3,
                         repeats: int = 3, fit: bool = False, timeout: float = 300,
-                        log=None) -> tuple[list[dict], dict]:
+                        log=None, emulate=None) -> tuple[list[dict], dict]:
     """What `python -m ddnb.bench allreduce` measures, in worlds of its own: the rows of
     `allreduce_rows`, each with link_bw (GB/s, ping-pong at the largest size: the
     ceiling) and, with fit=True, the model's prediction (`add_predictions`); and the
@@ -229,12 +240,22 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
 
     Horovod is measured last, in a second world: an initialized Horovod negotiates in a
     background thread every cycle even when idle (~70% of one core for 4 idle ranks,
-    measured here), which would slow every other algorithm on a 2-core machine."""
+    measured here), which would slow every other algorithm on a 2-core machine.
+
+    emulate: a profile (`ddnb.emulate`): the same measurements in an emulated cluster;
+    every time is then emulated seconds, each row says so ("emulated": the profile's
+    name), torch's all-reduce is charged the ring's alpha-beta time (it is not measured),
+    and model["emulation"] says whether any operation overran its model. The model is
+    still fitted to this run's own point-to-point measurements, never read from the
+    profile. Horovod is not emulated, so it is refused here."""
     from ddnb.cost import fit_alpha_beta
+    from ddnb.emulate import summary
     from ddnb.testing import World
 
+    if emulate is not None and "horovod" in algorithms:
+        raise ValueError("emulate: Horovod is not emulated; leave it out of the algorithms")
     p2p, rows = {"pingpong": [], "sendrecv": []}, []
-    with World(workers, timeout=timeout) as world:
+    with World(workers, timeout=timeout, emulate=emulate) as world:
         for size in sizes:
             if fit:
                 for pattern in p2p:
@@ -244,14 +265,17 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
         if not fit:
             p2p = {"pingpong": p2p_rows(world, [max(sizes)], "pingpong", target_seconds, repeats)}
         gamma = max(world.run(rank_gamma, min(max(sizes), 64 << 20))) if fit else None
+        emulation = summary(world.emulation_reports()) if world.emulate else None
+        profile = world.emulate.name if world.emulate else None
     if "horovod" in algorithms:
         with World(workers, timeout=timeout, horovod=True) as world:
             rows += allreduce_rows(world, sizes, ["horovod"], target_seconds, repeats, log=log)
         order = {a: i for i, a in enumerate(algorithms)}
         rows.sort(key=lambda r: (r["size"], order[r["algorithm"]]))
-    model = {"link": max(p2p["pingpong"], key=lambda r: r["size"]), "p2p": p2p}
+    model = {"link": max(p2p["pingpong"], key=lambda r: r["size"]), "p2p": p2p, "emulation": emulation}
     for r in _add_ratios(rows):
         r["link_bw"] = model["link"]["bw"]
+        r["emulated"] = profile
     if fit:
         model["alpha_beta"] = {pattern: fit_alpha_beta([r["size"] for r in pr], [r["time"] for r in pr])
                                for pattern, pr in p2p.items()}

@@ -26,8 +26,12 @@ def group_size(group=None) -> int:
     return dist.get_world_size(group)
 
 
-def _global(peer: int, group) -> int:
+def global_rank(peer: int, group=None) -> int:
+    """The global rank of rank `peer` of `group` (None: the world, where they are equal)."""
     return peer if group is None or group is dist.group.WORLD else dist.get_global_rank(group, peer)
+
+
+_global = global_rank
 
 
 def nbytes(t: torch.Tensor) -> int:

@@ -203,25 +203,30 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives import p2p
+    from ddnb.timing import barrier_and_clock
+    from ddnb.trace import Tracer
+
     sizes, world_size, rank = _p2p_args("pingpong", sizes_bytes, iters, warmup, group)
-    glob = [r if group is None else dist.get_global_rank(group, r) for r in (0, 1)]
+    barrier, clock = barrier_and_clock()
+    quiet = Tracer(enabled=False)
     times = torch.zeros(len(sizes), dtype=torch.float64)
     for i, size in enumerate(sizes):
         buf = torch.zeros(size // 4, dtype=torch.float32)
-        dist.barrier(group=group)
+        barrier(group=group)
         if rank in (0, 1):
-            peer = glob[1 - rank]
+            peer = 1 - rank
             for it in range(warmup + iters):
                 if it == warmup:
-                    t0 = time.perf_counter()
+                    t0 = clock()
                 if rank == 0:
-                    dist.send(buf, peer, group=group)
-                    dist.recv(buf, peer, group=group)
+                    p2p.send(buf, peer, group=group, tracer=quiet)
+                    p2p.recv(buf, peer, group=group, tracer=quiet)
                 else:
-                    dist.recv(buf, peer, group=group)
-                    dist.send(buf, peer, group=group)
-            times[i] = (time.perf_counter() - t0) / iters / 2
-    dist.broadcast(times, glob[0], group=group)
+                    p2p.recv(buf, peer, group=group, tracer=quiet)
+                    p2p.send(buf, peer, group=group, tracer=quiet)
+            times[i] = (clock() - t0) / iters / 2
+    dist.broadcast(times, p2p.global_rank(0, group), group=group)
     return times.tolist()
 
 
@@ -231,7 +236,8 @@ def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     the Intel MPI Benchmarks): the slowest rank's mean, the same list on every rank.
 
     This is the traffic of one step of the ring (and of halving-doubling, where every
-    rank swaps with a partner): all links busy at once. `pingpong` measures one link
+    rank swaps with a partner): all links busy at once (`ddnb.collectives.p2p.exchange`,
+    as the ring sends). `pingpong` measures one link
     alone. The two agree on a network where links are independent, as the model assumes;
     on one machine, where every "link" is a copy through the same few cores, the busy
     links are slower, and fitting alpha, beta to these times gives that slower link.
@@ -240,19 +246,22 @@ def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives import p2p
+    from ddnb.timing import barrier_and_clock
+    from ddnb.trace import Tracer
+
     sizes, world_size, rank = _p2p_args("sendrecv", sizes_bytes, iters, warmup, group)
-    right, left = (r % world_size if group is None else dist.get_global_rank(group, r % world_size)
-                   for r in (rank + 1, rank - 1))
+    barrier, clock = barrier_and_clock()
+    quiet = Tracer(enabled=False)
     times = torch.zeros(len(sizes), dtype=torch.float64)
     for i, size in enumerate(sizes):
         out, inc = torch.zeros(size // 4), torch.zeros(size // 4)  # (size/4,) float32 each
-        dist.barrier(group=group)
+        barrier(group=group)
         for it in range(warmup + iters):
             if it == warmup:
-                t0 = time.perf_counter()
-            for work in (dist.isend(out, right, group=group), dist.irecv(inc, left, group=group)):
-                work.wait()
-        times[i] = (time.perf_counter() - t0) / iters
+                t0 = clock()
+            p2p.exchange(out, (rank + 1) % world_size, inc, (rank - 1) % world_size, group=group, tracer=quiet)
+        times[i] = (clock() - t0) / iters
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
     return times.tolist()
 
@@ -264,13 +273,16 @@ def measure_gamma(nbytes: int = 16 << 20, iters: int = 10) -> float:
 
     if nbytes < 4 or iters < 1:
         raise ValueError(f"need nbytes >= 4 and iters >= 1, got nbytes={nbytes}, iters={iters}")
+    from ddnb.timing import barrier_and_clock
+
+    clock = barrier_and_clock()[1]   # emulated: the add's modeled time
     a = torch.ones(nbytes // 4, dtype=torch.float32)
     b = torch.ones_like(a)
     a.add_(b)  # warm up: first touch of the pages
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(iters):
         a.add_(b)
-    return (time.perf_counter() - t0) / iters / (a.numel() * 4)
+    return (clock() - t0) / iters / (a.numel() * 4)
 
 
 def pair_exchange(size_bytes: int, active: int | None = None, iters: int = 100, warmup: int = 5,
