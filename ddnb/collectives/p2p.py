@@ -1,13 +1,25 @@
-"""Traced point-to-point messages: the only communication the from-scratch collectives use.
+"""Traced point-to-point messages: the only communication the from-scratch collectives
+and the pipeline stages use.
 
 Thin wrappers over torch.distributed's send / recv / isend / irecv / batch_isend_irecv
 that record a "send" or "recv" event (peer, bytes, start, end) in a `ddnb.trace.Tracer`.
-Peers are ranks *within* `group` (as in the algorithms' papers), converted here to the
-global ranks torch.distributed expects. Taught in `notebooks/03_collectives.ipynb`.
+Peers are ranks *within* `group` (as in the algorithms' papers), converted to the
+global ranks torch.distributed expects by `global_rank`, the one place that does it.
+
+    send / recv            blocking; the event spans the call
+    isend / irecv          posted now; `Pending.wait()` completes it and records its event
+    post([Op, ...])        several sends and receives posted together in one
+                           batch_isend_irecv, one `Pending` each (tags, trace names and
+                           fields per message: what a pipeline stage needs)
+    exchange               a send and a receive posted together and both waited for: the
+                           deadlock-free step of the ring and butterfly algorithms
+Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -23,8 +35,16 @@ def group_size(group=None) -> int:
     return dist.get_world_size(group)
 
 
-def _global(peer: int, group) -> int:
-    return peer if group is None or group is dist.group.WORLD else dist.get_global_rank(group, peer)
+def global_rank(group, rank: int) -> int:
+    """The global rank (in the default group) of rank `rank` of `group`: what
+    torch.distributed's p2p calls and a collective's src / dst take. With group None or
+    WORLD the two numberings are the same."""
+    return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
+
+
+def group_ranks(group=None) -> list[int]:
+    """The global ranks of `group`'s members, in group-rank order: entry i is group rank i."""
+    return [global_rank(group, r) for r in range(group_size(group))]
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -33,58 +53,93 @@ def nbytes(t: torch.Tensor) -> int:
 
 def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = None, name: str = "send") -> None:
     start = time.time()
-    dist.send(tensor, _global(dst, group), group=group)
+    dist.send(tensor, global_rank(group, dst), group=group)
     get_tracer(tracer).record("send", name, start, time.time(), peer=dst, nbytes=nbytes(tensor))
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tracer: Tracer | None = None, name: str = "recv") -> None:
     start = time.time()
-    dist.recv(tensor, _global(src, group), group=group)
+    dist.recv(tensor, global_rank(group, src), group=group)
     get_tracer(tracer).record("recv", name, start, time.time(), peer=src, nbytes=nbytes(tensor))
 
 
 class Pending:
-    """A posted isend/irecv; `wait()` completes it and records its event (from posting
-    to completion)."""
+    """A posted send or receive of `tensor` (kept alive until it completes); `wait()`
+    completes it and records its event, from posting to completion, unless `record()`
+    already has. `extra`: more fields for the event (e.g. microbatch=3)."""
 
-    def __init__(self, work, kind, name, peer, size, tracer):
+    def __init__(self, work, kind, name, peer, size, tracer, start=None, tensor=None, extra=None):
         self.work, self.kind, self.name, self.peer, self.size = work, kind, name, peer, size
-        self.tracer, self.start, self.done = tracer, time.time(), False
+        self.tracer, self.tensor, self.extra = tracer, tensor, extra or {}
+        self.start = time.time() if start is None else start
+        self.done = self.recorded = False
 
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> None:
+        """Complete the message (within `timeout` s, else RuntimeError; a wait that times
+        out breaks the group's connections) and record its event. Waiting again is a no-op."""
         if not self.done:
-            self.work.wait()
+            if timeout is None:
+                self.work.wait()
+            else:
+                self.work.wait(timeout=timedelta(seconds=timeout))
             self.done = True
-            get_tracer(self.tracer).record(self.kind, self.name, self.start, time.time(),
-                                           peer=self.peer, nbytes=self.size)
+            self.record()
+
+    def record(self) -> None:
+        """Record the event now, ending now, once: for a send traced as its posting only,
+        completed later by `wait()`."""
+        if not self.recorded:
+            self.recorded = True
+            get_tracer(self.tracer).record(self.kind, self.name, self.start, time.time(), peer=self.peer,
+                                           nbytes=self.size, **self.extra)
 
 
 def isend(tensor, dst, group=None, tracer=None, name="send") -> Pending:
-    return Pending(dist.isend(tensor, _global(dst, group), group=group), "send", name, dst, nbytes(tensor), tracer)
+    return Pending(dist.isend(tensor, global_rank(group, dst), group=group), "send", name, dst, nbytes(tensor),
+                   tracer, tensor=tensor)
 
 
 def irecv(tensor, src, group=None, tracer=None, name="recv") -> Pending:
-    return Pending(dist.irecv(tensor, _global(src, group), group=group), "recv", name, src, nbytes(tensor), tracer)
+    return Pending(dist.irecv(tensor, global_rank(group, src), group=group), "recv", name, src, nbytes(tensor),
+                   tracer, tensor=tensor)
+
+
+class Op(NamedTuple):
+    """One message of a `post`: kind "send" (to `peer`) or "recv" (from `peer`, a rank of
+    the group), its tensor, its tag (gloo matches a receive to the send of the same tag),
+    and how it is traced: `name` (default: the kind) and `extra` event fields."""
+
+    kind: str
+    tensor: torch.Tensor
+    peer: int
+    tag: int = 0
+    name: str = ""
+    extra: dict | None = None
+
+
+def post(ops: list[Op], group=None, tracer: Tracer | None = None) -> list[Pending]:
+    """Post every message of `ops` at once, with batch_isend_irecv, so that neither side
+    waits for the other to post first; returns one Pending per op, in order. Nothing is
+    waited for here."""
+    if not ops:
+        return []
+    p2p_ops = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, global_rank(group, op.peer),
+                          group=group, tag=op.tag) for op in ops]
+    start = time.time()
+    works = dist.batch_isend_irecv(p2p_ops)
+    works = works if len(works) == len(ops) else [works[0]] * len(ops)   # one coalesced work (NCCL)
+    return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, start=start,
+                    tensor=op.tensor, extra=op.extra) for work, op in zip(works, ops)]
 
 
 def exchange(send_tensor: torch.Tensor | None, dst: int | None, recv_tensor: torch.Tensor | None,
              src: int | None, group=None, tracer: Tracer | None = None, name: str = "") -> None:
-    """Send to `dst` and receive from `src` at the same time (either may be None), with
-    batch_isend_irecv so that neither side waits for the other to post first: the
-    deadlock-free step every ring and butterfly algorithm is made of."""
-    ops, kinds = [], []
+    """Send to `dst` and receive from `src` at the same time (either may be None) and wait
+    for both: the deadlock-free step every ring and butterfly algorithm is made of."""
+    ops = []
     if send_tensor is not None and dst is not None:
-        ops.append(dist.P2POp(dist.isend, send_tensor, _global(dst, group), group=group))
-        kinds.append(("send", dst, nbytes(send_tensor)))
+        ops.append(Op("send", send_tensor, dst, name=name))
     if recv_tensor is not None and src is not None:
-        ops.append(dist.P2POp(dist.irecv, recv_tensor, _global(src, group), group=group))
-        kinds.append(("recv", src, nbytes(recv_tensor)))
-    if not ops:
-        return
-    start = time.time()
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    end = time.time()
-    tr = get_tracer(tracer)
-    for kind, peer, size in kinds:
-        tr.record(kind, name or kind, start, end, peer=peer, nbytes=size)
+        ops.append(Op("recv", recv_tensor, src, name=name))
+    for pending in post(ops, group, tracer):
+        pending.wait()

@@ -203,8 +203,10 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives.p2p import global_rank
+
     sizes, world_size, rank = _p2p_args("pingpong", sizes_bytes, iters, warmup, group)
-    glob = [r if group is None else dist.get_global_rank(group, r) for r in (0, 1)]
+    glob = [global_rank(group, r) for r in (0, 1)]
     times = torch.zeros(len(sizes), dtype=torch.float64)
     for i, size in enumerate(sizes):
         buf = torch.zeros(size // 4, dtype=torch.float32)
@@ -240,9 +242,10 @@ def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives.p2p import global_rank
+
     sizes, world_size, rank = _p2p_args("sendrecv", sizes_bytes, iters, warmup, group)
-    right, left = (r % world_size if group is None else dist.get_global_rank(group, r % world_size)
-                   for r in (rank + 1, rank - 1))
+    right, left = (global_rank(group, r % world_size) for r in (rank + 1, rank - 1))
     times = torch.zeros(len(sizes), dtype=torch.float64)
     for i, size in enumerate(sizes):
         out, inc = torch.zeros(size // 4), torch.zeros(size // 4)  # (size/4,) float32 each
@@ -290,13 +293,15 @@ def pair_exchange(size_bytes: int, active: int | None = None, iters: int = 100, 
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives.p2p import global_rank
+
     sizes, world_size, rank = _p2p_args("pair_exchange", [size_bytes], iters, warmup, group)
     active = world_size if active is None else active
     if not (isinstance(active, int) and 2 <= active <= world_size):
         raise ValueError(f"active must be an integer in 2..{world_size}, got active={active!r}")
     partner = rank ^ 1
     busy = rank < active and partner < active
-    peer = partner if group is None or not busy else dist.get_global_rank(group, partner)
+    peer = global_rank(group, partner) if busy else None
     out, inc = torch.zeros(sizes[0] // 4), torch.zeros(sizes[0] // 4)  # (size/4,) float32 each
 
     def step():
