@@ -10,14 +10,16 @@ from ddnb.viz import (AllreduceAnimation, allreduce_steps, plot_allreduce_steps,
 from test_trace import sample_events
 
 
-@pytest.mark.parametrize("algorithm", ["naive", "tree", "ring"])
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("algorithm", ["naive", "tree", "ring", "halving_doubling"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 8])
 def test_allreduce_steps_end_fully_reduced(algorithm, n):
     steps = allreduce_steps(algorithm, n)
     everyone = frozenset(range(n))
     assert all(held == frozenset([r]) for r, row in enumerate(steps[0]["state"]) for held in row)
     assert all(held == everyone for row in steps[-1]["state"] for held in row)
-    expected = {"ring": 2 * (n - 1), "naive": 2 * (n - 1), "tree": 2 * (n - 1).bit_length()}[algorithm]
+    folds = 2 if n & (n - 1) else 0          # fold and unfold when n is not a power of two
+    expected = {"ring": 2 * (n - 1), "naive": 2 * (n - 1), "tree": 2 * (n - 1).bit_length(),
+                "halving_doubling": 0 if n == 1 else 2 * (n.bit_length() - 1) + folds}[algorithm]
     assert len(steps) - 1 == expected
 
 

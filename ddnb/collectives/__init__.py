@@ -8,13 +8,15 @@
 Each has torch.distributed's call shape, `fn(tensor, op="sum", group=None, tracer=None)`:
 it reduces `tensor` in place on every rank of `group` and returns it, recording every
 message (and the reduction arithmetic) in the tracer. Ops and the cross-rank input
-check live in `ops.py`. Taught in `notebooks/03_collectives.ipynb` and
-`notebooks/05_allreduce.ipynb`.
+check live in `ops.py`; each algorithm's messages, step by step, as plain data in
+`schedules.py` (`allreduce_schedule`), which tests check against the traced messages.
+Taught in `notebooks/03_collectives.ipynb` and `notebooks/05_allreduce.ipynb`.
 """
 from ddnb.collectives.halving_doubling import halving_doubling_allreduce
 from ddnb.collectives.naive import naive_allreduce
 from ddnb.collectives.ops import OPS
 from ddnb.collectives.ring import chunk_bounds, ring_allgather, ring_allreduce, ring_reduce_scatter
+from ddnb.collectives.schedules import Message, allreduce_schedule
 from ddnb.collectives.tree import broadcast, reduce, tree_allreduce
 
 ALLREDUCES = {
@@ -24,5 +26,6 @@ ALLREDUCES = {
     "halving_doubling": halving_doubling_allreduce,
 }
 
-__all__ = ["ALLREDUCES", "OPS", "broadcast", "chunk_bounds", "halving_doubling_allreduce", "naive_allreduce",
-           "reduce", "ring_allgather", "ring_allreduce", "ring_reduce_scatter", "tree_allreduce"]
+__all__ = ["ALLREDUCES", "Message", "OPS", "allreduce_schedule", "broadcast", "chunk_bounds",
+           "halving_doubling_allreduce", "naive_allreduce", "reduce", "ring_allgather", "ring_allreduce",
+           "ring_reduce_scatter", "tree_allreduce"]

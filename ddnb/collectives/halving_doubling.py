@@ -33,9 +33,19 @@ from ddnb.collectives.p2p import exchange, group_rank, group_size, nbytes, recv,
 from ddnb.trace import Tracer, get_tracer
 
 
-def _real_rank(new_rank: int, rem: int) -> int:
-    """The group rank of the rank numbered `new_rank` among the p' that take part."""
+def core_rank(new_rank: int, rem: int) -> int:
+    """The group rank of the rank numbered `new_rank` among the p' that take part (rem =
+    N - p' ranks folded into their even neighbour): 2·new_rank for the first rem, then
+    new_rank + rem."""
     return 2 * new_rank if new_rank < rem else new_rank + rem
+
+
+def split_halves(lo: int, hi: int, lower: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(keep, give) of elements lo..hi-1 at a halving step: the lower rank of a pair
+    (lower=True) keeps the lower half, the higher rank the upper half, which is the
+    larger one when hi - lo is odd."""
+    mid = lo + (hi - lo) // 2
+    return ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
 
 
 def _exchange(give: torch.Tensor, take: torch.Tensor, partner: int, group, tracer, name: str) -> None:
@@ -75,10 +85,9 @@ def halving_doubling_allreduce(tensor: torch.Tensor, op="sum", group=None, trace
             d = p2 // 2
             while d >= 1:
                 partner = new_rank ^ d
-                mid = lo + (hi - lo) // 2
-                keep, give = ((lo, mid), (mid, hi)) if new_rank < partner else ((mid, hi), (lo, mid))
+                keep, give = split_halves(lo, hi, new_rank < partner)
                 mine, incoming = x[keep[0]:keep[1]], buf[:keep[1] - keep[0]]
-                _exchange(x[give[0]:give[1]], incoming, _real_rank(partner, rem), group, tracer, "halving")
+                _exchange(x[give[0]:give[1]], incoming, core_rank(partner, rem), group, tracer, "halving")
                 with tr.span("compute", "reduce", nbytes=nbytes(mine)):
                     combine(mine, incoming, op)
                 steps.append((lo, hi, partner, new_rank < partner))
@@ -88,7 +97,7 @@ def halving_doubling_allreduce(tensor: torch.Tensor, op="sum", group=None, trace
             # 3. recursive doubling: all-gather, the same pairs in reverse
             for parent_lo, parent_hi, partner, kept_lower in reversed(steps):
                 theirs = (hi, parent_hi) if kept_lower else (parent_lo, lo)
-                _exchange(x[lo:hi], x[theirs[0]:theirs[1]], _real_rank(partner, rem), group, tracer, "doubling")
+                _exchange(x[lo:hi], x[theirs[0]:theirs[1]], core_rank(partner, rem), group, tracer, "doubling")
                 lo, hi = parent_lo, parent_hi
         # 4. unfold: even -> odd
         if rank < 2 * rem:

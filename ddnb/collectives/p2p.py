@@ -1,15 +1,28 @@
-"""Traced point-to-point messages: the only communication the from-scratch collectives use.
+"""Traced point-to-point messages: the only communication the from-scratch collectives
+and the pipeline stages use.
 
 Thin wrappers over torch.distributed's send / recv / isend / irecv / batch_isend_irecv
 that record a "send" or "recv" event (peer, bytes, start, end) in a `ddnb.trace.Tracer`.
-Peers are ranks *within* `group` (as in the algorithms' papers), converted here to the
-global ranks torch.distributed expects. In an emulated cluster (`ddnb.emulate`) every
-message goes through `ddnb.emulate.messages` instead, and the events record emulated
-seconds. Taught in `notebooks/03_collectives.ipynb`.
+Peers are ranks *within* `group` (as in the algorithms' papers), converted to the
+global ranks torch.distributed expects by `global_rank`, the one place that does it.
+
+    send / recv            blocking; the event spans the call
+    isend / irecv          posted now; `Pending.wait()` completes it and records its event
+    post([Op, ...])        several sends and receives posted together in one
+                           batch_isend_irecv, one `Pending` each (tags, trace names and
+                           fields per message: what a pipeline stage needs)
+    exchange               a send and a receive posted together and both waited for: the
+                           deadlock-free step of the ring and butterfly algorithms
+
+In an emulated cluster (`ddnb.emulate`) every message goes through
+`ddnb.emulate.messages` instead (the same bytes, plus a header with its send time), and
+the events record emulated seconds. Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,12 +39,16 @@ def group_size(group=None) -> int:
     return dist.get_world_size(group)
 
 
-def global_rank(peer: int, group=None) -> int:
-    """The global rank of rank `peer` of `group` (None: the world, where they are equal)."""
-    return peer if group is None or group is dist.group.WORLD else dist.get_global_rank(group, peer)
+def global_rank(group, rank: int) -> int:
+    """The global rank (in the default group) of rank `rank` of `group`: what
+    torch.distributed's p2p calls and a collective's src / dst take. With group None or
+    WORLD the two numberings are the same."""
+    return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
 
 
-_global = global_rank
+def group_ranks(group=None) -> list[int]:
+    """The global ranks of `group`'s members, in group-rank order: entry i is group rank i."""
+    return [global_rank(group, r) for r in range(group_size(group))]
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -39,80 +56,110 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = None, name: str = "send") -> None:
-    isend(tensor, dst, group, tracer, name).wait()
+    if _emulator():
+        return isend(tensor, dst, group, tracer, name).wait()
+    start = time.time()
+    dist.send(tensor, global_rank(group, dst), group=group)
+    get_tracer(tracer).record("send", name, start, time.time(), peer=dst, nbytes=nbytes(tensor))
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tracer: Tracer | None = None, name: str = "recv") -> None:
-    irecv(tensor, src, group, tracer, name).wait()
+    if _emulator():
+        return irecv(tensor, src, group, tracer, name).wait()
+    start = time.time()
+    dist.recv(tensor, global_rank(group, src), group=group)
+    get_tracer(tracer).record("recv", name, start, time.time(), peer=src, nbytes=nbytes(tensor))
 
 
 class Pending:
-    """A posted isend/irecv; `wait()` completes it and records its event (from posting
-    to completion)."""
+    """A posted send or receive of `tensor` (kept alive until it completes); `wait()`
+    completes it and records its event, from posting to completion, unless `record()`
+    already has. `extra`: more fields for the event (e.g. microbatch=3)."""
 
-    def __init__(self, work, kind, name, peer, size, tracer):
+    def __init__(self, work, kind, name, peer, size, tracer, start=None, tensor=None, extra=None):
         self.work, self.kind, self.name, self.peer, self.size = work, kind, name, peer, size
-        self.tracer, self.start, self.done = tracer, time.time(), False
+        self.tracer, self.tensor, self.extra = tracer, tensor, extra or {}
+        self.start = time.time() if start is None else start
+        self.start = getattr(work, "start", self.start)     # emulated: the emulated time it left
+        self.done = self.recorded = False
 
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> None:
+        """Complete the message (within `timeout` s, else RuntimeError; a wait that times
+        out breaks the group's connections) and record its event. Waiting again is a no-op."""
         if not self.done:
-            times = self.work.wait()   # emulated work returns its (start, end)
-            start, end = times if isinstance(times, tuple) else (self.start, time.time())
+            if timeout is None:
+                self.work.wait()
+            else:
+                self.work.wait(timeout=timedelta(seconds=timeout))
             self.done = True
-            get_tracer(self.tracer).record(self.kind, self.name, start, end, peer=self.peer, nbytes=self.size)
+            self.record()
+
+    def record(self) -> None:
+        """Record the event now, ending now, once: for a send traced as its posting only,
+        completed later by `wait()`."""
+        if not self.recorded:
+            self.recorded = True
+            end = getattr(self.work, "end", None)        # emulated: when it left the link / arrived
+            get_tracer(self.tracer).record(self.kind, self.name, self.start, time.time() if end is None else end,
+                                           peer=self.peer, nbytes=self.size, **self.extra)
 
 
 def isend(tensor, dst, group=None, tracer=None, name="send") -> Pending:
     if _emulator():
-        from ddnb.emulate import messages
-
-        work = messages.isend(tensor, _global(dst, group), group=group)
-    else:
-        work = dist.isend(tensor, _global(dst, group), group=group)
-    return Pending(work, "send", name, dst, nbytes(tensor), tracer)
+        return post([Op("send", tensor, dst, name=name)], group, tracer)[0]
+    return Pending(dist.isend(tensor, global_rank(group, dst), group=group), "send", name, dst, nbytes(tensor),
+                   tracer, tensor=tensor)
 
 
 def irecv(tensor, src, group=None, tracer=None, name="recv") -> Pending:
     if _emulator():
+        return post([Op("recv", tensor, src, name=name)], group, tracer)[0]
+    return Pending(dist.irecv(tensor, global_rank(group, src), group=group), "recv", name, src, nbytes(tensor),
+                   tracer, tensor=tensor)
+
+
+class Op(NamedTuple):
+    """One message of a `post`: kind "send" (to `peer`) or "recv" (from `peer`, a rank of
+    the group), its tensor, its tag (gloo matches a receive to the send of the same tag),
+    and how it is traced: `name` (default: the kind) and `extra` event fields."""
+
+    kind: str
+    tensor: torch.Tensor
+    peer: int
+    tag: int = 0
+    name: str = ""
+    extra: dict | None = None
+
+
+def post(ops: list[Op], group=None, tracer: Tracer | None = None) -> list[Pending]:
+    """Post every message of `ops` at once, with batch_isend_irecv, so that neither side
+    waits for the other to post first; returns one Pending per op, in order. Nothing is
+    waited for here."""
+    if not ops:
+        return []
+    if _emulator():
         from ddnb.emulate import messages
 
-        work = messages.irecv(tensor, _global(src, group), group=group)
-    else:
-        work = dist.irecv(tensor, _global(src, group), group=group)
-    return Pending(work, "recv", name, src, nbytes(tensor), tracer)
+        works = messages.post([(op.kind, op.tensor, global_rank(group, op.peer), op.tag) for op in ops], group)
+        return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, tensor=op.tensor,
+                        extra=op.extra) for work, op in zip(works, ops)]
+    p2p_ops = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, global_rank(group, op.peer),
+                          group=group, tag=op.tag) for op in ops]
+    start = time.time()
+    works = dist.batch_isend_irecv(p2p_ops)
+    works = works if len(works) == len(ops) else [works[0]] * len(ops)   # one coalesced work (NCCL)
+    return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, start=start,
+                    tensor=op.tensor, extra=op.extra) for work, op in zip(works, ops)]
 
 
 def exchange(send_tensor: torch.Tensor | None, dst: int | None, recv_tensor: torch.Tensor | None,
              src: int | None, group=None, tracer: Tracer | None = None, name: str = "") -> None:
-    """Send to `dst` and receive from `src` at the same time (either may be None), with
-    batch_isend_irecv so that neither side waits for the other to post first: the
-    deadlock-free step every ring and butterfly algorithm is made of."""
-    sending, receiving = send_tensor is not None and dst is not None, recv_tensor is not None and src is not None
-    if _emulator() and (sending or receiving):
-        from ddnb.emulate import messages
-
-        times = iter(messages.exchange(send_tensor if sending else None, _global(dst, group) if sending else None,
-                                       recv_tensor if receiving else None, _global(src, group) if receiving else None,
-                                       group=group))
-        tr = get_tracer(tracer)
-        if sending:
-            tr.record("send", name or "send", *next(times), peer=dst, nbytes=nbytes(send_tensor))
-        if receiving:
-            tr.record("recv", name or "recv", *next(times), peer=src, nbytes=nbytes(recv_tensor))
-        return
-    ops, kinds = [], []
+    """Send to `dst` and receive from `src` at the same time (either may be None) and wait
+    for both: the deadlock-free step every ring and butterfly algorithm is made of."""
+    ops = []
     if send_tensor is not None and dst is not None:
-        ops.append(dist.P2POp(dist.isend, send_tensor, _global(dst, group), group=group))
-        kinds.append(("send", dst, nbytes(send_tensor)))
+        ops.append(Op("send", send_tensor, dst, name=name))
     if recv_tensor is not None and src is not None:
-        ops.append(dist.P2POp(dist.irecv, recv_tensor, _global(src, group), group=group))
-        kinds.append(("recv", src, nbytes(recv_tensor)))
-    if not ops:
-        return
-    start = time.time()
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    end = time.time()
-    tr = get_tracer(tracer)
-    for kind, peer, size in kinds:
-        tr.record(kind, name or kind, start, end, peer=peer, nbytes=size)
+        ops.append(Op("recv", recv_tensor, src, name=name))
+    for pending in post(ops, group, tracer):
+        pending.wait()

@@ -55,9 +55,15 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _segments(start: int, stop: int, seg: int) -> list[tuple[int, int]]:
-    """The pipeline segments of elements start..stop-1, each at most `seg` long, none empty."""
+def segment_bounds(start: int, stop: int, seg: int) -> list[tuple[int, int]]:
+    """[(a, b)]: the pipeline segments of elements start..stop-1, each at most `seg` long,
+    none empty, in the order they are sent. E.g. (0, 10), seg=4: [(0, 4), (4, 8), (8, 10)]."""
     return [(a, min(a + seg, stop)) for a in range(start, stop, seg)]
+
+
+def segment_elements(segment_bytes: int, element_size: int) -> int:
+    """Elements in a pipeline segment of at most `segment_bytes` (at least one)."""
+    return max(1, segment_bytes // element_size)
 
 
 def _reduce_scatter(x, op, rank, n, group, tracer, seg, depth) -> tuple[int, int]:
@@ -65,7 +71,7 @@ def _reduce_scatter(x, op, rank, n, group, tracer, seg, depth) -> tuple[int, int
     bounds = chunk_bounds(x.numel(), n)
     right, left = (rank + 1) % n, (rank - 1) % n
     # Everything this rank receives, in order: segment (a, b) of chunk (r-step-2) at `step`.
-    arrivals = [(step, a, b) for step in range(n - 1) for a, b in _segments(*bounds[(rank - step - 2) % n], seg)]
+    arrivals = [(step, a, b) for step in range(n - 1) for a, b in segment_bounds(*bounds[(rank - step - 2) % n], seg)]
     width = min(seg, bounds[0][1] - bounds[0][0])
     slots = torch.empty(depth, width, dtype=x.dtype, device=x.device)    # (depth, seg) of scratch
     tr = get_tracer(tracer)
@@ -78,7 +84,7 @@ def _reduce_scatter(x, op, rank, n, group, tracer, seg, depth) -> tuple[int, int
     # and posting a send copies into the socket right away, which takes a while.
     pending = [post(j) for j in range(min(depth, len(arrivals)))]
     sends = [isend(x[a:b], right, group, tracer, name="reduce-scatter")
-             for a, b in _segments(*bounds[(rank - 1) % n], seg)]             # step 0: my own data
+             for a, b in segment_bounds(*bounds[(rank - 1) % n], seg)]             # step 0: my own data
     for j, (step, a, b) in enumerate(arrivals):
         pending[j].wait()
         with tr.span("compute", "reduce", nbytes=nbytes(x[a:b])):
@@ -98,19 +104,15 @@ def _allgather(x, rank, n, group, tracer, seg) -> None:
     right, left = (rank + 1) % n, (rank - 1) % n
     # Everything this rank receives, in order: segment (a, b) of chunk (r-step-1) at `step`.
     # It lands straight in place, so all the receives can be posted now, at no memory cost.
-    arrivals = [(step, a, b) for step in range(n - 1) for a, b in _segments(*bounds[(rank - step - 1) % n], seg)]
+    arrivals = [(step, a, b) for step in range(n - 1) for a, b in segment_bounds(*bounds[(rank - step - 1) % n], seg)]
     pending = [irecv(x[a:b], left, group, tracer, name="allgather") for _, a, b in arrivals]
-    sends = [isend(x[a:b], right, group, tracer, name="allgather") for a, b in _segments(*bounds[rank], seg)]
+    sends = [isend(x[a:b], right, group, tracer, name="allgather") for a, b in segment_bounds(*bounds[rank], seg)]
     for (step, a, b), arrival in zip(arrivals, pending):
         arrival.wait()
         if step < n - 2:   # forward each segment as soon as it has arrived
             sends.append(isend(x[a:b], right, group, tracer, name="allgather"))
     for s in sends:
         s.wait()
-
-
-def _segment_len(x: torch.Tensor, segment_bytes: int) -> int:
-    return max(1, segment_bytes // x.element_size())
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, op="sum", group=None, tracer: Tracer | None = None,
@@ -125,7 +127,8 @@ def ring_reduce_scatter(tensor: torch.Tensor, op="sum", group=None, tracer: Trac
         if n == 1 or x.numel() == 0:
             start, stop = chunk_bounds(x.numel(), n)[rank]
         else:
-            start, stop = _reduce_scatter(x, op, rank, n, group, tracer, _segment_len(x, segment_bytes), depth)
+            seg = segment_elements(segment_bytes, x.element_size())
+            start, stop = _reduce_scatter(x, op, rank, n, group, tracer, seg, depth)
         finish(x[start:stop], op, n, tracer)
         return x[start:stop]                                              # (chunk,)
 
@@ -140,7 +143,7 @@ def ring_allgather(tensor: torch.Tensor, group=None, tracer: Tracer | None = Non
     if n == 1 or tensor.numel() == 0:
         return tensor
     with flat_view(tensor, group) as x:
-        _allgather(x, rank, n, group, tracer, _segment_len(x, segment_bytes))
+        _allgather(x, rank, n, group, tracer, segment_elements(segment_bytes, x.element_size()))
     return tensor
 
 
@@ -164,7 +167,7 @@ def ring_allreduce(tensor: torch.Tensor, op="sum", group=None, tracer: Tracer | 
     if n == 1 or tensor.numel() == 0:
         return tensor
     with flat_view(tensor, group) as x:                                   # (numel,)
-        seg = _segment_len(x, segment_bytes)
+        seg = segment_elements(segment_bytes, x.element_size())
         start, stop = _reduce_scatter(x, op, rank, n, group, tracer, seg, depth)
         finish(x[start:stop], op, n, tracer)       # "avg": divide my chunk only, 1/N of the work
         _allgather(x, rank, n, group, tracer, seg)

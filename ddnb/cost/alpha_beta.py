@@ -226,7 +226,7 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
                     p2p.recv(buf, peer, group=group, tracer=quiet)
                     p2p.send(buf, peer, group=group, tracer=quiet)
             times[i] = (clock() - t0) / iters / 2
-    dist.broadcast(times, p2p.global_rank(0, group), group=group)
+    dist.broadcast(times, p2p.global_rank(group, 0), group=group)
     return times.tolist()
 
 
@@ -302,13 +302,15 @@ def pair_exchange(size_bytes: int, active: int | None = None, iters: int = 100, 
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives.p2p import global_rank
+
     sizes, world_size, rank = _p2p_args("pair_exchange", [size_bytes], iters, warmup, group)
     active = world_size if active is None else active
     if not (isinstance(active, int) and 2 <= active <= world_size):
         raise ValueError(f"active must be an integer in 2..{world_size}, got active={active!r}")
     partner = rank ^ 1
     busy = rank < active and partner < active
-    peer = partner if group is None or not busy else dist.get_global_rank(group, partner)
+    peer = global_rank(group, partner) if busy else None
     out, inc = torch.zeros(sizes[0] // 4), torch.zeros(sizes[0] // 4)  # (size/4,) float32 each
 
     def step():

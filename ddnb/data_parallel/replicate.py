@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb.collectives.p2p import global_rank
+
 
 class ReplicaMismatchError(ValueError):
     """The ranks' model replicas (or their data-parallel configuration) differ."""
@@ -43,10 +45,6 @@ def checksum(tensor: torch.Tensor) -> int:
     return zlib.crc32(flat.view(torch.uint8).cpu().numpy().tobytes()) if flat.numel() else 0
 
 
-def _global(rank: int, group) -> int:
-    return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
-
-
 def broadcast_module(module: nn.Module, src: int = 0, group=None) -> nn.Module:
     """Copy every parameter and buffer of rank `src` (a rank of `group`) into the other
     ranks' module, in place, one torch.distributed.broadcast per tensor. Every rank
@@ -57,10 +55,10 @@ def broadcast_module(module: nn.Module, src: int = 0, group=None) -> nn.Module:
     with torch.no_grad():
         for _, t in module_tensors(module):
             if t.is_contiguous():
-                dist.broadcast(t.data, _global(src, group), group=group)
+                dist.broadcast(t.data, global_rank(group, src), group=group)
             else:
                 flat = t.data.contiguous()
-                dist.broadcast(flat, _global(src, group), group=group)
+                dist.broadcast(flat, global_rank(group, src), group=group)
                 t.data.copy_(flat)
     return module
 

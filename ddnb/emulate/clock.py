@@ -156,7 +156,6 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
     global _EMULATOR
     deactivate()
     import ddnb.collectives  # noqa: F401  first imports are not a worker's work: done before the clock starts
-    import ddnb.emulate.messages  # noqa: F401
     profile = get_profile(profile)
     _EMULATOR = Emulator(profile, rank, world_size, epoch)
     if pace_compute:
@@ -174,12 +173,14 @@ def _warm_up(rank: int, world_size: int) -> None:
     the cluster's time."""
     import torch
 
+    from ddnb.collectives import p2p
     from ddnb.emulate import messages
+    from ddnb.trace import Tracer
 
     messages.barrier()
     if world_size > 1:
         x, y = torch.zeros(1), torch.zeros(1)
-        messages.exchange(x, (rank + 1) % world_size, y, (rank - 1) % world_size)
+        p2p.exchange(x, (rank + 1) % world_size, y, (rank - 1) % world_size, tracer=Tracer(enabled=False))
     messages.barrier()
 
 

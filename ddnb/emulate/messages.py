@@ -32,77 +32,54 @@ def _header(start: float, nbytes: int) -> torch.Tensor:
 
 
 class EmulatedWork:
-    """A posted emulated isend or irecv; wait() completes it in real and emulated time and
-    returns (start, end) in emulated seconds."""
+    """One posted emulated message. `start`: the emulated time it left (a send) or was
+    posted (a receive); `end`: when its bytes left this rank's link (a send, known at
+    posting) or arrived (a receive, known after wait). wait() completes it in real and
+    emulated time and returns (start, end)."""
 
-    def __init__(self, works, finish):
-        self.works, self.finish, self.result = works, finish, None
+    def __init__(self, works, start, end=None, finish=None):
+        self.works, self.start, self.end, self.finish, self.done = works, start, end, finish, False
 
-    def wait(self):
-        if self.result is None:
+    def wait(self, timeout=None):
+        if not self.done:
             for w in self.works:
-                w.wait()
-            self.result = self.finish()
-        return self.result
+                w.wait() if timeout is None else w.wait(timeout=timeout)
+            self.end = self.finish()
+            self.done = True
+        return self.start, self.end
+
+    def is_completed(self) -> bool:
+        return self.done
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None) -> EmulatedWork:
+def post(ops, group=None) -> list[EmulatedWork]:
+    """Post messages [(kind "send"/"recv", tensor, global peer, tag), ...] at once (one
+    batch_isend_irecv), each preceded by its header; one EmulatedWork per message."""
     em = current()
-    em.sync()
-    start, end = em.send_start(dst, _nbytes(tensor))
-    works = [dist.isend(_header(start, _nbytes(tensor)), dst, group=group), dist.isend(tensor, dst, group=group)]
+    if any(kind == "send" for kind, *_ in ops):
+        em.sync()                         # a message leaves at its emulated time, not earlier
+    p2p_ops, out, batch = [], [], []
+    for kind, tensor, peer, tag in ops:
+        n = _nbytes(tensor)
+        if kind == "send":
+            start, end = em.send_start(peer, n)
+            p2p_ops += [dist.P2POp(dist.isend, _header(start, n), peer, group=group, tag=tag),
+                        dist.P2POp(dist.isend, tensor, peer, group=group, tag=tag)]
+            out.append(EmulatedWork(batch, start, end, finish=lambda end=end: (em.advance_to(end), end)[1]))
+        else:
+            header = torch.empty(2, dtype=torch.float64)
+            p2p_ops += [dist.P2POp(dist.irecv, header, peer, group=group, tag=tag),
+                        dist.P2POp(dist.irecv, tensor, peer, group=group, tag=tag)]
 
-    def finish():
-        em.advance_to(end)          # the buffer is free once its bytes are on the wire
-        return start, end
-    return EmulatedWork(works, finish)
-
-
-def irecv(tensor: torch.Tensor, src: int, group=None) -> EmulatedWork:
-    em = current()
-    posted = em.t
-    header = torch.empty(2, dtype=torch.float64)
-    works = [dist.irecv(header, src, group=group), dist.irecv(tensor, src, group=group)]
-
-    def finish():
-        arrival = em.arrival(src, header[0].item(), int(header[1].item()))
-        em.advance_to(arrival)
-        return posted, arrival
-    return EmulatedWork(works, finish)
-
-
-def send(tensor, dst, group=None):
-    return isend(tensor, dst, group).wait()
-
-
-def recv(tensor, src, group=None):
-    return irecv(tensor, src, group).wait()
-
-
-def exchange(send_tensor, dst, recv_tensor, src, group=None) -> list[tuple[float, float]]:
-    """Send and receive at once (batch_isend_irecv, as p2p.exchange does); the (start,
-    end) of each, the send first."""
-    em = current()
-    ops, finishes = [], []
-    if send_tensor is not None:
-        em.sync()
-        start, end = em.send_start(dst, _nbytes(send_tensor))
-        ops += [dist.P2POp(dist.isend, _header(start, _nbytes(send_tensor)), dst, group=group),
-                dist.P2POp(dist.isend, send_tensor, dst, group=group)]
-        finishes.append(lambda: (em.advance_to(end), (start, end))[1])
-    if recv_tensor is not None:
-        posted, header = em.t, torch.empty(2, dtype=torch.float64)
-        ops += [dist.P2POp(dist.irecv, header, src, group=group),
-                dist.P2POp(dist.irecv, recv_tensor, src, group=group)]
-
-        def finish_recv():
-            arrival = em.arrival(src, header[0].item(), int(header[1].item()))
-            em.advance_to(arrival)
-            return posted, arrival
-        finishes.append(finish_recv)
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    return [f() for f in finishes]
+            def finish(header=header, peer=peer):
+                arrival = em.arrival(peer, header[0].item(), int(header[1].item()))
+                em.advance_to(arrival)
+                return arrival
+            out.append(EmulatedWork(batch, em.t, finish=finish))
+    works = dist.batch_isend_irecv(p2p_ops)
+    for k, w in enumerate(out):      # each message waits for its own header and payload
+        w.works = works[2 * k:2 * k + 2] if len(works) == len(p2p_ops) else works[:1]
+    return out
 
 
 # ---------------------------------------------------------------- torch.distributed's collectives

@@ -43,7 +43,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -116,14 +115,10 @@ def recv_any(tensor: torch.Tensor, group, tracer: Tracer | None = None, name=Non
 
 
 def wait_within(pending: p2p.Pending, timeout: float) -> None:
-    """Complete a posted p2p message within `timeout` s or raise RuntimeError; records its
-    event as `pending.wait()` does (which must not be called as well: on gloo a second
-    wait takes the next message). A wait that times out breaks its group's connections,
+    """Complete a posted p2p message within `timeout` s or raise RuntimeError, recording
+    its event (`p2p.Pending.wait`). A wait that times out breaks its group's connections,
     so use this only where the group is given up on failure."""
-    pending.work.wait(timeout=timedelta(seconds=timeout))
-    pending.done = True
-    get_tracer(pending.tracer).record(pending.kind, pending.name, pending.start, time.time(),
-                                      peer=pending.peer, nbytes=pending.size)
+    pending.wait(timeout)
 
 
 class Receiver(threading.Thread):

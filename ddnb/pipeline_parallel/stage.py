@@ -16,9 +16,9 @@ Nothing hangs on a shape: every rank works out the shapes of the activations it 
 receive and send when it is built, from `batch_shape` and the layers before it (one
 forward of a zero micro-batch, no communication), and checks the configuration (stages
 <= layers, micro-batches dividing the batch) before any message is posted, so a bad one
-raises ValueError on every rank at once. Messages go through `dist.batch_isend_irecv`
-(a send and the next receive posted together, as Megatron-LM's
-`send_forward_recv_backward`, Narayanan et al. 2021, Sec. 4.1); receives are waited on,
+raises ValueError on every rank at once. Messages go through `ddnb.collectives.p2p.post`
+(one traced `dist.batch_isend_irecv`: a send and the next receive posted together, as
+Megatron-LM's `send_forward_recv_backward`, Narayanan et al. 2021, Sec. 4.1); receives are waited on,
 sends only at the end of the step, so a schedule that `validate_schedule` accepts cannot
 deadlock. Each message is tagged with its micro-batch and the stage it goes to (gloo
 matches by tag; NCCL ignores tags and matches first-in first-out, which the schedules'
@@ -27,14 +27,13 @@ model chunk (`chunk`, `chunks`). Taught in `notebooks/09_pipeline_parallelism.ip
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb.collectives import p2p
 from ddnb.pipeline_parallel.naive import partition_layers
-from ddnb.trace import Tracer, get_tracer
+from ddnb.trace import Tracer
 
 
 def check_microbatches(batch_size: int, microbatches: int) -> int:
@@ -93,8 +92,8 @@ class PipelineStage:
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.losses: dict[int, torch.Tensor] = {}
-        self._posted: dict[tuple[str, int], tuple] = {}     # (op, mb) -> (work, buffer, posted at, peer)
-        self._sends: list = []                                # (work, tensor) waited at flush()
+        self._posted: dict[tuple[str, int], p2p.Pending] = {}   # (op, mb) -> its posted receive
+        self._sends: list[p2p.Pending] = []                     # posted sends, waited at flush()
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None = None,
                 loss_fn=None) -> torch.Tensor | None:
@@ -131,36 +130,30 @@ class PipelineStage:
                     recv_stage: "PipelineStage | None" = None) -> None:
         """Post a send (("F", mb, activation) to rank+1 or ("B", mb, grad) to rank-1) and the
         receive the next action needs (("F", mb) from rank-1, ("B", mb) from rank+1; for
-        `recv_stage`, another chunk of this rank, if given) in one batch_isend_irecv.
-        Nothing is waited for here. Each message is tagged with its micro-batch and the
-        virtual stage it goes to, so receives never pick up the wrong one."""
-        ops, tr, rs = [], get_tracer(self.tracer), self if recv_stage is None else recv_stage
+        `recv_stage`, another chunk of this rank, if given) together (`p2p.post`).
+        Nothing is waited for here: the send is traced as its posting and completed by
+        `flush()`, the receive by `receive()`. Each message is tagged with its micro-batch
+        and the virtual stage it goes to, so receives never pick up the wrong one."""
+        ops, rs = [], self if recv_stage is None else recv_stage
         if send is not None:
             op, mb, tensor = send
-            peer = (self.rank + (1 if op == "F" else -1)) % self.world_size
-            tensor = tensor.contiguous()
-            dest = self.stage_index + (1 if op == "F" else -1)
-            ops.append(dist.P2POp(dist.isend, tensor, self._global(peer), group=self.group,
-                                  tag=_tag(op, mb, dest, self.num_stages)))
+            step = 1 if op == "F" else -1                     # activations go down, gradients up
+            ops.append(p2p.Op("send", tensor.contiguous(), (self.rank + step) % self.world_size,
+                              tag=_tag(op, mb, self.stage_index + step, self.num_stages),
+                              name=_name(op, mb), extra={"microbatch": mb}))
         if recv is not None:
             rop, rmb = recv
             shape, dtype = (rs.recv_shape, rs.recv_dtype) if rop == "F" else (rs.send_shape, rs.send_dtype)
             buf = torch.empty(shape, dtype=dtype, device=rs.device)
-            rpeer = (rs.rank + (-1 if rop == "F" else 1)) % rs.world_size
-            ops.append(dist.P2POp(dist.irecv, buf, rs._global(rpeer), group=rs.group,
-                                  tag=_tag(rop, rmb, rs.stage_index, rs.num_stages)))
-        if not ops:
-            return
-        start = time.time()
-        works = dist.batch_isend_irecv(ops)
-        works = works if len(works) == len(ops) else [works[0]] * len(ops)   # one coalesced work (NCCL)
+            ops.append(p2p.Op("recv", buf, (rs.rank + (-1 if rop == "F" else 1)) % rs.world_size,
+                              tag=_tag(rop, rmb, rs.stage_index, rs.num_stages),
+                              name=_name(rop, rmb), extra={"microbatch": rmb}))
+        pending = p2p.post(ops, self.group, self.tracer)
         if send is not None:
-            self._sends.append((works[0], tensor))
-            nb = tensor.numel() * tensor.element_size()
-            tr.record("send", f"{'act' if op == 'F' else 'grad'} {mb}", start, time.time(), peer=peer,
-                      nbytes=nb, microbatch=mb)
+            pending[0].record()
+            self._sends.append(pending[0])
         if recv is not None:
-            rs._posted[(rop, rmb)] = (works[-1], buf, start, rpeer)
+            rs._posted[(rop, rmb)] = pending[-1]
 
     def receive(self, op: str, mb: int) -> torch.Tensor:
         """Wait for what action (op, mb) needs: the activation of micro-batch mb from rank-1
@@ -168,20 +161,20 @@ class PipelineStage:
         `communicate` has not already."""
         if (op, mb) not in self._posted:
             self.communicate(None, (op, mb))
-        work, buf, start, peer = self._posted.pop((op, mb))
-        work.wait()
-        get_tracer(self.tracer).record("recv", f"{'act' if op == 'F' else 'grad'} {mb}", start, time.time(),
-                                       peer=peer, nbytes=buf.numel() * buf.element_size(), microbatch=mb)
-        return buf
+        pending = self._posted.pop((op, mb))
+        pending.wait()
+        return pending.tensor
 
     def flush(self) -> None:
         """Wait for every send of the step (their receivers have all posted by now)."""
-        for work, _ in self._sends:
-            work.wait()
+        for pending in self._sends:
+            pending.wait()
         self._sends.clear()
 
-    def _global(self, peer: int) -> int:
-        return peer if self.group is None or self.group is dist.group.WORLD else dist.get_global_rank(self.group, peer)
+
+def _name(op: str, mb: int) -> str:
+    """The trace name of micro-batch mb's activation ("F") or gradient ("B") message."""
+    return f"{'act' if op == 'F' else 'grad'} {mb}"
 
 
 def _tag(op: str, mb: int, dest_stage: int, num_stages: int) -> int:

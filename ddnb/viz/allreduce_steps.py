@@ -1,13 +1,16 @@
-"""Step-by-step states of the all-reduce algorithms, for the animations of notebook 05.
+"""Step-by-step states of the all-reduce algorithms, for the animations of notebook 05,
+computed from their schedules (`ddnb.collectives.schedules`), the same data a test
+checks against the messages the real algorithms send.
 
-The buffer of every rank is cut into N chunks. A state records, for each rank r and chunk
-c, the set of ranks whose contributions rank r's copy of chunk c already holds: {r} at the
-start, all N ranks at the end. Each step lists the messages sent in it (src, dst, chunks)
-and the state after it. The schedules are those of `ddnb.collectives`:
-ring (Patarasuk & Yuan 2009: N−1 reduce-scatter steps, then N−1 all-gather steps; at step
-s rank r sends chunk (r − s − 1) mod N to r + 1, so that rank r ends the
-reduce-scatter holding chunk r), binomial tree (reduce to rank 0, then
-broadcast), and naive (every rank sends to rank 0, which sends the result back).
+The buffer of every rank is cut into N chunks (the schedule of a tensor of N elements:
+chunk c is element c, the ring's chunk c). A state records, for each rank r and chunk c,
+the set of ranks whose contributions rank r's copy of chunk c already holds: {r} at the
+start, all N ranks at the end. Each step lists the messages sent in it (src, dst,
+chunks) and the state after it: a reducing message adds the sender's set to the
+receiver's, a copying one replaces it. Algorithms: naive (every rank sends to rank 0,
+which sends the result back), binomial tree (reduce to rank 0, then broadcast), ring
+(Patarasuk & Yuan 2009: N−1 reduce-scatter steps, then N−1 all-gather steps) and
+halving-doubling (Rabenseifner; Thakur, Rabenseifner & Gropp 2005).
 Taught in `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
@@ -16,56 +19,34 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
+from ddnb._checks import Checks
+from ddnb.collectives.schedules import SCHEDULES, allreduce_schedule
 from ddnb.viz.widgets import figure_png
 
-ALGORITHMS = ("naive", "tree", "ring")
+ALGORITHMS = tuple(SCHEDULES)
 
 
-def _initial(n):
-    return [[frozenset([r]) for _ in range(n)] for r in range(n)]
-
-
-def _apply(state, messages, reduce):
+def _apply(state, messages):
+    """The state after one step; every message reads the state from before the step."""
     new = [row[:] for row in state]
-    for src, dst, chunks in messages:
-        for c in chunks:
-            new[dst][c] = (state[dst][c] | state[src][c]) if reduce else state[src][c]
+    for m in messages:
+        for c in range(m.start, m.stop):
+            new[m.dst][c] = (state[m.dst][c] | state[m.src][c]) if m.reduce else state[m.src][c]
     return new
 
 
 def allreduce_steps(algorithm: str, n: int) -> list[dict]:
-    """[{"phase", "messages": [(src, dst, chunks)], "state"}] with the initial state first."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    state = _initial(n)
+    """[{"phase", "messages": [(src, dst, chunks)], "state"}] with the initial state first:
+    the schedule `allreduce_schedule(algorithm, n, numel=n)`, one chunk per element."""
+    with Checks("allreduce_steps") as check:
+        check.choice("algorithm", algorithm, ALGORITHMS)
+        check.integer("n", n, min=1)
+    state = [[frozenset([r]) for _ in range(n)] for r in range(n)]
     steps = [{"phase": "start", "messages": [], "state": state}]
-    every = list(range(n))
-
-    def step(phase, messages, reduce):
-        nonlocal state
-        state = _apply(state, messages, reduce)
-        steps.append({"phase": phase, "messages": messages, "state": state})
-
-    if algorithm == "ring":
-        for s in range(n - 1):
-            step("reduce-scatter", [(r, (r + 1) % n, [(r - s - 1) % n]) for r in range(n)], True)
-        for s in range(n - 1):  # rank r now holds chunk r fully reduced
-            step("all-gather", [(r, (r + 1) % n, [(r - s) % n]) for r in range(n)], False)
-    elif algorithm == "tree":
-        k = 1
-        while k < n:
-            step("reduce", [(r, r - k, every) for r in range(n) if r % (2 * k) == k], True)
-            k *= 2
-        while k > 1:
-            k //= 2
-            step("broadcast", [(r - k, r, every) for r in range(n) if r % (2 * k) == k], False)
-    else:  # naive: the root's link carries one message at a time
-        for r in range(1, n):
-            step("gather", [(r, 0, every)], True)
-        for r in range(1, n):
-            step("broadcast", [(0, r, every)], False)
+    for step in allreduce_schedule(algorithm, n, numel=n):
+        state = _apply(state, step)
+        steps.append({"phase": step[0].phase if step else "idle", "state": state,
+                      "messages": [(m.src, m.dst, list(range(m.start, m.stop))) for m in step]})
     return steps
 
 
