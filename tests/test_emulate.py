@@ -177,3 +177,32 @@ def test_the_allreduce_bench_runs_emulated_and_says_so():
     assert alpha == pytest.approx(ALPHA, rel=0.05) and beta == pytest.approx(1 / BW, rel=0.05)
     with pytest.raises(ValueError, match="Horovod is not emulated"):
         allreduce_benchmark(2, [4096], ["horovod"], emulate=SLOW)
+
+
+def test_an_emulated_pipeline_shows_the_bubble_of_the_formula():
+    """Each stage computes on a device of its own in emulated time, so GPipe's measured
+    bubble approaches (p-1)/(m+p-1) (messages are nearly free on this profile); the same
+    model in real mode on shared cores is not asked to."""
+    from ddnb.bench.pipeline import pipeline_benchmark
+
+    device = custom(alpha=1e-7, bandwidth=1e12, peak_flops=1e9, efficiency=1.0, memory_bandwidth=1e12,
+                    slowdown=300)
+    rows, emulation = pipeline_benchmark(2, [1, 4], ["gpipe"], emulate=device, width=64, microbatch_size=4,
+                                         timeout=120)
+    assert [r["emulated"] for r in rows] == ["custom", "custom"]
+    for r in rows:
+        assert abs(r["bubble"] - r["analytic"]) < 0.05, (r, emulation)
+    assert rows[1]["bubble"] < rows[0]["bubble"] - 0.2     # 0.5 -> 0.2 on paper
+
+
+def test_pipeline_bench_argument_errors_before_any_process(capsys):
+    from ddnb.bench.__main__ import main
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for argv, message in ((["pipeline", "--stages", "1"], "--stages"), (["pipeline", "--schedules", "zigzag"], "zigzag"),
+                          (["pipeline", "--microbatches", "0"], "--microbatches"),
+                          (["pipeline", "--slowdown", "10"], "--slowdown needs --emulate")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before

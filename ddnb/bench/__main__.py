@@ -134,6 +134,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     _add_emulate_arguments(p)
     p.set_defaults(run=_cmd_allreduce, parser=p)
     _add_dp_parser(sub)
+    _add_pipeline_parser(sub)
     return parser
 
 
@@ -198,6 +199,65 @@ def _cmd_dp(parser, args) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(dp_table(rows))
+    return 0
+
+
+# ---------------------------------------------------------------- pipeline (ddnb/bench/pipeline.py)
+def _ints(text: str) -> list[int]:
+    try:
+        got = [int(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        got = []
+    if not got or min(got) < 1:
+        raise argparse.ArgumentTypeError(f"need a comma list of integers >= 1, got {text!r}")
+    return got
+
+
+def _add_pipeline_parser(sub) -> None:
+    from ddnb.bench import pipeline
+
+    p = sub.add_parser("pipeline", help="the pipeline bubble per schedule and micro-batch count, against the formula",
+                       description=pipeline.__doc__.split("\n\n")[1])
+    p.add_argument("--stages", type=_at_least(2, why=" stages (a pipeline of one stage has no bubble)"), default=4,
+                   help="pipeline stages = processes (default 4)")
+    p.add_argument("--microbatches", type=_ints, default=[1, 2, 4, 8], help="comma list (default 1,2,4,8)")
+    p.add_argument("--schedules", default="gpipe,1f1b", type=_schedules,
+                   help=f"comma list of {', '.join(pipeline.SCHEDULES)} (default gpipe,1f1b)")
+    p.add_argument("--chunks", type=_at_least(2), default=2, help="model chunks per rank, interleaved (default 2)")
+    p.add_argument("--width", type=_at_least(1), default=1024, help="Linear layers' width (default 1024)")
+    p.add_argument("--microbatch-size", type=_at_least(1), default=8, help="rows per micro-batch (default 8)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=900,
+                   help="seconds before a stuck world is killed (default 900)")
+    _add_emulate_arguments(p)
+    p.set_defaults(run=_cmd_pipeline, parser=p)
+
+
+def _schedules(text: str) -> list[str]:
+    from ddnb.bench.pipeline import SCHEDULES
+
+    got = [a.strip() for a in text.split(",") if a.strip()]
+    if not got or any(a not in SCHEDULES for a in got):
+        raise argparse.ArgumentTypeError(f"unknown schedule in {text!r}; known: {', '.join(SCHEDULES)}")
+    return got
+
+
+def _cmd_pipeline(parser, args) -> int:
+    from ddnb.bench.pipeline import pipeline_benchmark, pipeline_table
+
+    emulate = _emulated(parser, args)
+    if "interleaved" in args.schedules and any(m % args.stages for m in args.microbatches):
+        parser.error(f"interleaved needs micro-batch counts that are multiples of --stages {args.stages}")
+    out = sys.stderr if args.json else sys.stdout
+    if emulate is not None:
+        print(f"{emulate}: the bubble below is measured in emulated time", file=out, flush=True)
+    print(f"pipeline of {args.stages} equal stages (Linear {args.width} x 2 + ReLU each) on {args.stages} gloo "
+          f"processes, micro-batches of {args.microbatch_size} rows; {_load()}", file=out, flush=True)
+    rows, emulation = pipeline_benchmark(args.stages, args.microbatches, args.schedules, args.chunks, emulate,
+                                         args.timeout, width=args.width, microbatch_size=args.microbatch_size)
+    if emulation:
+        print(emulation, file=out)
+    print(json.dumps(rows, indent=1) if args.json else pipeline_table(rows))
     return 0
 
 

@@ -196,6 +196,12 @@ def deactivate() -> dict | None:
     return report
 
 
+def stamp() -> float:
+    """A time for a trace event: time.time() in real mode; in an emulated cluster this
+    rank's emulated time, without waiting for real time to catch up."""
+    return time.time() if _EMULATOR is None else _EMULATOR.t
+
+
 def resume() -> None:
     """Call at the start of each task a worker runs (World and Cluster do)."""
     if _EMULATOR is not None:

@@ -25,12 +25,12 @@ Taught in `notebooks/09_pipeline_parallelism.ipynb`.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from ddnb.emulate.clock import stamp   # time.time(), or the emulated time in an emulated cluster
 from ddnb.pipeline_parallel.schedules import BACKWARD, FORWARD, Action, validate_schedule
 from ddnb.trace import get_tracer
 
@@ -75,7 +75,7 @@ def run_schedule(stage: PipelineStage | list[PipelineStage], schedule, inputs: t
         for i, a in enumerate(actions):
             st = stages[a.chunk]
             received = st.receive(a.op, a.microbatch) if st.needs_recv(a.op, a.microbatch) else None  # not compute
-            start = time.time()
+            start = stamp()
             if a.op == FORWARD:
                 x = xs[a.microbatch] if st.is_first else received
                 out = st.forward(a.microbatch, x, ys[a.microbatch], loss_fn)
@@ -87,7 +87,7 @@ def run_schedule(stage: PipelineStage | list[PipelineStage], schedule, inputs: t
                 held -= 1
             most = max(most, held)
             live = mem.live if mem is not None else None
-            tr.record("compute", repr(a), start, time.time(), op=a.op, microbatch=a.microbatch, chunk=a.chunk,
+            tr.record("compute", repr(a), start, stamp(), op=a.op, microbatch=a.microbatch, chunk=a.chunk,
                       stage=st.stage_index, step=step, live_bytes=live)
             if mem is not None:
                 live_bytes.append(live)
