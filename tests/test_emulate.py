@@ -206,3 +206,32 @@ def test_pipeline_bench_argument_errors_before_any_process(capsys):
             main(argv)
         assert message in capsys.readouterr().err
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed", "ddp"])
+def test_data_parallel_runs_emulated_with_the_same_gradients(strategy):
+    """naive, bucketed and DDP in an emulated cluster: the same parameters after a step as
+    in real mode (bit-identical), and a step time in emulated seconds."""
+    from ddnb.bench.dp import dp_benchmark
+
+    def params_after_step(strategy):
+        import torch.nn.functional as F
+
+        from ddnb.bench.dp import bench_model, wrap
+
+        model, opt, sync = wrap(strategy, bench_model("many_small", width=16, layers=3))
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(__import__("torch.distributed").distributed
+                                                                          .get_rank()))
+        F.mse_loss(model(x), x).backward()
+        sync()
+        opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    with World(2) as real:
+        expected = real.run(params_after_step, strategy)
+    with World(2, emulate=SLOW) as emulated:
+        got = emulated.run(params_after_step, strategy)
+    assert all(torch.equal(a, b) for r, e in zip(got, expected) for a, b in zip(r, e))
+    rows = dp_benchmark(2, ["many_small"], [strategy], steps=2, warmup=1, rounds=1, emulate=SLOW, timeout=120,
+                        width=16, layers=3)
+    assert rows[0]["emulated"] == "custom" and rows[0]["step_time"] > 2 * ALPHA   # at least one all-reduce's latency

@@ -31,7 +31,6 @@ Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`
 from __future__ import annotations
 
 import statistics
-import time
 
 MODELS = {"many_small": (128, 40), "few_large": (2048, 3)}   # name -> (width, layers)
 STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
@@ -73,6 +72,12 @@ def wrap(strategy: str, model, lr: float = 0.01, bucket_mb: float = 25.0, allred
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
+        from ddnb.emulate import current
+
+        if current() is not None:   # emulated: each bucket's all-reduce at the ring's alpha-beta time
+            from ddnb.emulate.messages import ddp_comm_hook
+
+            model.register_comm_hook(None, ddp_comm_hook)
         return model, torch.optim.SGD(model.parameters(), lr=lr), none
     if strategy == "horovod":
         from ddnb.data_parallel import horovod_optimizer
@@ -92,6 +97,7 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     import torch.nn.functional as F
 
     from ddnb.data_parallel import overlap_stats
+    from ddnb.timing import barrier_and_clock
     from ddnb.trace import Tracer
 
     runs = {}
@@ -104,13 +110,15 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     g = torch.Generator().manual_seed(1000 + dist.get_rank())
     x, y = torch.randn(batch, width_, generator=g), torch.randn(batch, width_, generator=g)   # (B, width)
 
+    barrier, clock = barrier_and_clock()   # emulated ones in an emulated cluster
+
     def step(model, opt, sync):
-        start = time.perf_counter()
+        start = clock()
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         sync()
         opt.step()
-        return time.perf_counter() - start
+        return clock() - start
 
     times = {s: [] for s in strategies}
     per_round = max(1, steps // rounds)
@@ -120,7 +128,7 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
         tracer.clear()
     for _ in range(rounds):
         for s, (model, opt, sync, _) in runs.items():
-            dist.barrier()
+            barrier()
             times[s] += [step(model, opt, sync) for _ in range(per_round)]
     out = {}
     for s, (model, *_, tracer) in runs.items():
@@ -175,18 +183,26 @@ def add_ddp_columns(rows: list[dict]) -> list[dict]:
 
 def dp_benchmark(workers: int, models=tuple(MODELS), strategies=STRATEGIES, batch: int = 32, steps: int = 20,
                  warmup: int = 3, rounds: int = 4, bucket_mb: float = 25.0, allreduce: str = "torch",
-                 timeout: float = 600, log=None, **model_kwargs) -> list[dict]:
+                 timeout: float = 600, log=None, emulate=None, **model_kwargs) -> list[dict]:
     """What `python -m ddnb.bench dp` measures: `dp_rows` for the strategies but Horovod
     in one World, then Horovod in a World of its own; with `add_ddp_columns`, in the
-    order (model, strategy)."""
+    order (model, strategy). `emulate`: a profile (`ddnb.emulate`): every time is then
+    emulated, each row says so ("emulated") and carries the run's overrun summary
+    ("emulation"); Horovod is not emulated and is refused."""
+    from ddnb.emulate import summary
     from ddnb.testing import World
 
+    if emulate is not None and "horovod" in strategies:
+        raise ValueError("emulate: Horovod is not emulated; leave it out of the strategies")
     kwargs = dict(batch=batch, steps=steps, warmup=warmup, rounds=rounds, bucket_mb=bucket_mb, allreduce=allreduce,
                   log=log, **model_kwargs)
     plain, rows = [s for s in strategies if s != "horovod"], []
     if plain:
-        with World(workers, timeout=timeout) as world:
+        with World(workers, timeout=timeout, emulate=emulate) as world:
             rows += dp_rows(world, models, plain, **kwargs)
+            emulation = summary(world.emulation_reports()) if world.emulate else None
+            for r in rows:
+                r.update(emulated=world.emulate.name if world.emulate else None, emulation=emulation)
     if "horovod" in strategies:
         with World(workers, timeout=timeout, horovod=True) as world:
             rows += dp_rows(world, models, ["horovod"], **kwargs)

@@ -32,6 +32,11 @@ Which all-reduce (`allreduce=`):
   backward too, but share the GIL with it (their messages and arithmetic release it; their
   Python loop does not), so expect less overlap than with "torch".
 
+In an emulated cluster (`ddnb.emulate`) the "torch" all-reduce is an `EmulatedAllReduce`
+(the real one, at the ring's alpha-beta time on the profile's link) and every stamp below is
+emulated time; the ddnb.collectives algorithms are refused there (their background thread
+would not be paced).
+
 Every step records, in the tracer: "compute"/"backward" (start of backward → end),
 "collective"/"bucket k" (launch → completion, per bucket; completion as this rank sees
 it, at the next gradient hook or at the final wait, since a Python callback on gloo's
@@ -56,6 +61,8 @@ from torch import nn
 
 from ddnb.data_parallel.naive import TORCH, allreduce_fn, grad_norms, validate_allreduce
 from ddnb.data_parallel.replicate import check_replicas, replicate
+from ddnb.emulate.clock import current, stamp   # stamp: time.time(), or the emulated time
+from ddnb.emulate.messages import EmulatedAllReduce
 from ddnb.trace import Tracer, get_tracer
 
 MB = 1 << 20
@@ -114,6 +121,9 @@ class BucketedDataParallel(nn.Module):
         first_mb = bucket_mb if first_bucket_mb is None else min(_validate_mb("first_bucket_mb", first_bucket_mb),
                                                                  bucket_mb)
         validate_allreduce(allreduce)
+        if current() is not None and allreduce != TORCH:
+            raise ValueError(f"allreduce={allreduce!r} in an emulated cluster: ddnb's algorithms run on a background "
+                             "thread here, which the emulator does not pace; use allreduce='torch'")
         self.module, self.group, self.allreduce, self.tracer = module, group, allreduce, tracer
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters, self.record_grad_norms = find_unused_parameters, record_grad_norms
@@ -176,7 +186,7 @@ class BucketedDataParallel(nn.Module):
             self._begin_backward()
 
     def _begin_backward(self) -> None:
-        self._in_backward, self._bw_start = True, time.time()
+        self._in_backward, self._bw_start = True, stamp()
         self._ready = [False] * len(self.params)
         self._missing = [len(m) for m in self.bucket_params]    # gradients each bucket still waits for
         self._next, self._handles, self._stamped = 0, [], 0
@@ -225,7 +235,9 @@ class BucketedDataParallel(nn.Module):
 
     def _launch(self, k: int, buffer: torch.Tensor):
         """Start the sum all-reduce of `buffer` (bucket k); returns something to .wait() on."""
-        self._launched[k] = time.time()
+        self._launched[k] = stamp()
+        if current() is not None:   # emulated: the real all-reduce, its time the model's (ddnb.emulate)
+            return EmulatedAllReduce(buffer, self.group)
         if self._thread is None:
             # No Python completion callback on the Work: gloo would run it on its own thread,
             # which then waits for the GIL (held by backward's hooks) before starting the next
@@ -250,7 +262,7 @@ class BucketedDataParallel(nn.Module):
     # ------------------------------------------------------------------ end of backward
     @torch.no_grad()
     def _finalize(self) -> None:
-        bw_end = time.time()
+        bw_end = stamp()
         try:
             local_used = [r or p.grad is not None for r, p in zip(self._ready, self.params)]
             for i in ([] if self._next == len(self.buckets) else range(len(self.params))):
@@ -269,7 +281,7 @@ class BucketedDataParallel(nn.Module):
             self._poll()
             for k, h in enumerate(self._handles):   # in launch order
                 h.wait() if self._thread is None else h.result()
-                self._done[k] = self._done[k] or time.time()
+                self._done[k] = self._done[k] or getattr(h, "end", None) or stamp()
             used = None if used is None else used.tolist()   # one device-to-host copy, not one per parameter
             grads, means = [], []
             for i, p in enumerate(self.params):
@@ -284,7 +296,7 @@ class BucketedDataParallel(nn.Module):
                 torch._foreach_copy_(grads, means)     # .grad <- the mean over ranks
         finally:
             self._in_backward = False
-        self._record(bw_end, time.time())
+        self._record(bw_end, stamp())
 
     def _record(self, bw_end: float, end: float) -> None:
         tr = get_tracer(self.tracer)

@@ -47,6 +47,12 @@ def allreduce_fn(name: str, group=None, tracer: Tracer | None = None):
     "ring", "tree", "naive", "halving_doubling"), which record their messages in `tracer`."""
     validate_allreduce(name)
     if name == TORCH:
+        from ddnb.emulate import current
+
+        if current() is not None:   # emulated: the real all-reduce, at the ring's alpha-beta time
+            from ddnb.emulate.messages import all_reduce
+
+            return lambda t: all_reduce(t, group=group)
         return lambda t: dist.all_reduce(t, group=group)
     from ddnb.collectives import ALLREDUCES
 

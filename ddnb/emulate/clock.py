@@ -123,6 +123,17 @@ class Emulator:
             self.free[("in", kind)] = end
         return end + link.alpha
 
+    def run_collective(self, last_launch: float, seconds: float) -> float:
+        """A collective that all ranks launched by `last_launch` and that takes `seconds` on
+        this rank's links: it starts when they are free, and this rank's clock moves to
+        its end (returned). Collectives queue on the links in the order they are waited."""
+        with self.lock:
+            start = max([last_launch] + list(self.free.values()))
+            end = start + seconds
+        self.occupy_links(end)
+        self.advance_to(end)
+        return end
+
     def occupy_links(self, until: float) -> None:
         """Mark every link busy until `until` (a collective run outside the message layer)."""
         with self.lock:

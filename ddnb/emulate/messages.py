@@ -113,6 +113,53 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
     em.occupy_links(end)
 
 
+class EmulatedAllReduce:
+    """dist.all_reduce(tensor, async_op=True) in emulated time: launched at this rank's
+    emulated time, it starts when the last rank has launched it and this rank's links are
+    free (so buckets queue behind each other on the link), and takes the ring's alpha-beta
+    time. The real all-reduce runs on gloo's thread meanwhile; `wait()` completes both and
+    moves this rank's clock to the end. `launch`, `end`: emulated seconds."""
+
+    def __init__(self, tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM):
+        self.em = em = current()
+        self.launch = em.sync()
+        self.tensor, self.group, self.end = tensor, group, None
+        self._last = torch.tensor([self.launch], dtype=torch.float64)
+        self.works = [dist.all_reduce(self._last, op=dist.ReduceOp.MAX, group=group, async_op=True),
+                      dist.all_reduce(tensor, op=op, group=group, async_op=True)]
+
+    def is_completed(self) -> bool:
+        return self.end is not None
+
+    def wait(self, timeout=None, _from_callback: bool = False) -> bool:
+        if self.end is None:
+            for w in self.works[:1] if _from_callback else self.works:   # a work's own callback cannot wait on it
+                w.wait()
+            from ddnb.cost import allreduce_time
+
+            n, link = dist.get_world_size(self.group), _slowest_link(self.group)
+            cost = allreduce_time("ring", _nbytes(self.tensor), n, link.alpha, 1 / link.bandwidth, 0.0) if n > 1 else 0
+            self.end = self.em.run_collective(self._last.item(), cost)
+        return True
+
+    def get_future(self):
+        """A torch Future completed with [tensor] once the all-reduce is done in emulated
+        time (what a DDP communication hook returns)."""
+        def done(_):
+            self.wait(_from_callback=True)
+            return self.tensor
+        return self.works[1].get_future().then(done)
+
+
+def ddp_comm_hook(group, bucket):
+    """A DDP communication hook (`model.register_comm_hook(None, ddp_comm_hook)`): the
+    average of the bucket's gradients, as DDP's default hook computes it, in emulated
+    time (`EmulatedAllReduce`)."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(group))
+    return EmulatedAllReduce(buffer, group).get_future()
+
+
 def barrier(group=None) -> float:
     """dist.barrier, in emulated time: every rank leaves at the last arrival plus
     ceil(log2 N) latencies (a dissemination barrier: Hensgen, Finkel & Manber 1988).
