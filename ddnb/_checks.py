@@ -43,10 +43,11 @@ def _bounds(min=None, max=None, strict: bool = False, below=None) -> str:
 
 class Checks:
     """Collects problems; `done()` (or leaving the `with` block) raises one ValueError
-    listing all of them, prefixed with `where` (the function or class checked)."""
+    listing all of them, prefixed with `where` (the function or class checked). `error`:
+    another exception class, e.g. TypeError for a block that checks only types."""
 
-    def __init__(self, where: str = ""):
-        self.where, self.problems = where, []
+    def __init__(self, where: str = "", error: type[Exception] = ValueError):
+        self.where, self.error, self.problems = where, error, []
 
     def __enter__(self) -> "Checks":
         return self
@@ -58,7 +59,7 @@ class Checks:
     def done(self) -> None:
         if self.problems:
             prefix = f"{self.where}: " if self.where else ""
-            raise ValueError(prefix + "; ".join(self.problems))
+            raise self.error(prefix + "; ".join(self.problems))
 
     def rule(self, ok: bool, message: str) -> bool:
         """Record `message` unless ok."""
