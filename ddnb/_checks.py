@@ -96,8 +96,8 @@ class Checks:
         """A list or tuple of at least `count` ints (not bools), each within [min, max]."""
         ok = isinstance(values, (list, tuple)) and len(values) >= count and all(
             is_int(v) and (min is None or v >= min) and (max is None or v <= max) for v in values)
-        return self.rule(ok, f"{name}={values!r}: need {'at least ' + str(count) if count > 1 else 'a list of'} "
-                             f"integers{_bounds(min, max)}{why}")
+        how_many = f"at least {count}" if count > 1 else "a non-empty list of"
+        return self.rule(ok, f"{name}={values!r}: need {how_many} integers{_bounds(min, max)}{why}")
 
     def positive_ints(self, **values) -> bool:
         """Each keyword an integer >= 1 (sizes, counts, dimensions)."""
