@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ddnb._checks import Checks
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -60,10 +62,11 @@ def digits(test_size: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:
 def shard(dataset: Dataset, rank: int, num_shards: int) -> Dataset:
     """Part `rank` of `num_shards` disjoint parts that cover the dataset: examples
     rank, rank + num_shards, rank + 2·num_shards, ... (sizes differ by at most one)."""
-    if not (isinstance(num_shards, int) and num_shards >= 1 and isinstance(rank, int) and 0 <= rank < num_shards):
-        raise ValueError(f"need 0 <= rank < num_shards, got rank={rank!r}, num_shards={num_shards!r}")
-    if len(dataset) < num_shards:
-        raise ValueError(f"{len(dataset)} examples cannot make {num_shards} non-empty shards")
+    with Checks("shard") as check:
+        if check.integer("num_shards", num_shards, min=1):
+            check.integer("rank", rank, min=0, max=num_shards - 1, why=f" (0 <= rank < num_shards={num_shards})")
+            check.rule(len(dataset) >= num_shards, f"{len(dataset)} examples cannot make {num_shards} non-empty "
+                                                   f"shards")
     return dataset[rank::num_shards]
 
 
