@@ -90,7 +90,7 @@ IGNORE = -100  # target value that lm_loss skips (F.cross_entropy's ignore_index
 class GPTConfig:
     """Sizes of the small GPT: vocabulary V, context length T, width d, heads nh (d % nh == 0),
     blocks, and the MLP's hidden width as a multiple of d."""
-
+    # Typed fields with defaults, as PSConfig's (parameter_server/config.py): alike in shape only.
     vocab_size: int = 16
     seq_len: int = 16
     d_model: int = 32

@@ -34,6 +34,7 @@ class PSConfig:
                     real, mid-step, after pulling: run it with `cluster.run_surviving`)
     checkpoint_to, restore_from   path prefix: servers save their state at the end / start from it
     """
+    # Typed fields with defaults, as GPTConfig's (ddnb/models.py): alike in shape only.
     servers: int | None = None
     mode: str = "bsp"
     staleness: int = 0
