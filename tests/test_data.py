@@ -56,6 +56,9 @@ def test_batches_are_deterministic_epochs_without_repeats():
     assert torch.equal(x[:, 0].long(), y) and torch.equal(y, batch_indices(n, b, 6, seed=3))
     with pytest.raises(ValueError, match="batch_size"):
         batch_indices(4, 5, 0, 0)
+    with pytest.raises(ValueError, match=r"^batch_indices: batch_size=5: need an integer >= 1 and <= 4 \(at most "
+                                         r"the n examples\); step=-1: need an integer >= 0$"):
+        batch_indices(4, 5, -1, 0)
 
 
 def test_mlp_is_seeded_and_flat_views_round_trip(splits):
