@@ -252,8 +252,9 @@ def measure_gamma(nbytes: int = 16 << 20, iters: int = 10) -> float:
     on this process, with its current number of threads: the gamma of the model."""
     import torch
 
-    if nbytes < 4 or iters < 1:
-        raise ValueError(f"need nbytes >= 4 and iters >= 1, got nbytes={nbytes}, iters={iters}")
+    with Checks("measure_gamma") as check:
+        check.integer("nbytes", nbytes, min=4)
+        check.integer("iters", iters, min=1)
     a = torch.ones(nbytes // 4, dtype=torch.float32)
     b = torch.ones_like(a)
     a.add_(b)  # warm up: first touch of the pages
