@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ddnb._checks import Checks
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -43,8 +45,8 @@ def digits(test_size: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:
     """(train, test) splits of scikit-learn's handwritten digits: x (n, 64) float32
     standardized with the train split's per-pixel mean and std (pixels that are constant
     in train keep std 1), y (n,) int64 in 0..9. The split is stratified and seeded."""
-    if not 0 < test_size < 1:
-        raise ValueError(f"test_size must be a fraction in (0, 1), got {test_size!r}")
+    with Checks("digits") as check:
+        check.number("test_size", test_size, positive=True, below=1, why=" (a fraction)")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -60,10 +62,11 @@ def digits(test_size: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:
 def shard(dataset: Dataset, rank: int, num_shards: int) -> Dataset:
     """Part `rank` of `num_shards` disjoint parts that cover the dataset: examples
     rank, rank + num_shards, rank + 2·num_shards, ... (sizes differ by at most one)."""
-    if not (isinstance(num_shards, int) and num_shards >= 1 and isinstance(rank, int) and 0 <= rank < num_shards):
-        raise ValueError(f"need 0 <= rank < num_shards, got rank={rank!r}, num_shards={num_shards!r}")
-    if len(dataset) < num_shards:
-        raise ValueError(f"{len(dataset)} examples cannot make {num_shards} non-empty shards")
+    with Checks("shard") as check:
+        if check.integer("num_shards", num_shards, min=1):
+            check.integer("rank", rank, min=0, max=num_shards - 1, why=f" (0 <= rank < num_shards={num_shards})")
+            check.rule(len(dataset) >= num_shards, f"{len(dataset)} examples cannot make {num_shards} non-empty "
+                                                   f"shards")
     return dataset[rank::num_shards]
 
 
@@ -71,10 +74,10 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor
     """Indices (batch_size,) of batch `step` when `n` examples are visited in epochs,
     each a fresh permutation seeded by (seed, epoch), cut into n // batch_size batches
     (the remainder of each permutation is dropped, as DataLoader's drop_last does)."""
-    if not 1 <= batch_size <= n:
-        raise ValueError(f"need 1 <= batch_size <= number of examples, got batch_size={batch_size}, n={n}")
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
+    with Checks("batch_indices") as check:
+        if check.integer("n", n, min=1, why=" (examples)"):
+            check.integer("batch_size", batch_size, min=1, max=n, why=" (at most the n examples)")
+        check.integer("step", step, min=0)
     per_epoch = n // batch_size
     epoch, i = divmod(step, per_epoch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1_000_003 * seed + epoch))

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddnb._checks import Checks
+
 
 def mlp(sizes=(64, 128, 10), seed: int = 0, activation=nn.ReLU, dropout: float = 0.0) -> nn.Sequential:
     """A multi-layer perceptron Linear(sizes[0], sizes[1]) -> activation [-> Dropout] -> ... ->
@@ -26,10 +28,9 @@ def mlp(sizes=(64, 128, 10), seed: int = 0, activation=nn.ReLU, dropout: float =
     dropout > 0 each hidden activation is followed by nn.Dropout(dropout), which draws from
     the global RNG in training mode."""
     sizes = tuple(sizes)
-    if len(sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in sizes):
-        raise ValueError(f"sizes must be at least two positive integers (input, ..., output), got {sizes!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    with Checks("mlp") as check:
+        check.integers("sizes", sizes, min=1, count=2, why=" (input, ..., output)")
+        check.number("dropout", dropout, min=0, below=1, why=" (a probability)")
     layers = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -89,7 +90,7 @@ IGNORE = -100  # target value that lm_loss skips (F.cross_entropy's ignore_index
 class GPTConfig:
     """Sizes of the small GPT: vocabulary V, context length T, width d, heads nh (d % nh == 0),
     blocks, and the MLP's hidden width as a multiple of d."""
-
+    # Typed fields with defaults, as PSConfig's (parameter_server/config.py): alike in shape only.
     vocab_size: int = 16
     seq_len: int = 16
     d_model: int = 32
@@ -98,13 +99,11 @@ class GPTConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
-        bad = [f"{k}={v!r}" for k, v in vars(self).items()
-               if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-        if bad:
-            raise ValueError(f"GPTConfig sizes must be positive integers, got {', '.join(bad)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model({self.d_model}) must be divisible by n_heads({self.n_heads}): "
-                             f"each head gets d_model / n_heads = {self.d_model / self.n_heads:g} channels")
+        with Checks("GPTConfig") as check:
+            if check.positive_ints(**vars(self)):
+                check.rule(self.d_model % self.n_heads == 0, f"d_model({self.d_model}) must be divisible by "
+                           f"n_heads({self.n_heads}): each head gets d_model / n_heads = "
+                           f"{self.d_model / self.n_heads:g} channels")
 
     @property
     def head_size(self) -> int:
@@ -239,8 +238,10 @@ def reversal_batch(config: GPTConfig, batch_size: int, step: int = 0, seed: int 
     which a 2-layer model finds in a few hundred steps.
     Returns idx (B, T) int64 and targets (B, T) int64."""
     V, T = config.vocab_size, config.seq_len
-    if V < 3 or T < 2:
-        raise ValueError(f"the reversal task needs vocab_size >= 3 and seq_len >= 2, got vocab_size({V}), seq_len({T})")
+    with Checks("reversal_batch") as check:
+        check.rule(V >= 3 and T >= 2, f"the reversal task needs vocab_size >= 3 and seq_len >= 2, got "
+                   f"vocab_size({V}), seq_len({T})")
+        check.integer("batch_size", batch_size, min=1)
     k = T // 2
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     a = torch.randint(0, V - 1, (batch_size, k), generator=g)                      # (B, k)
@@ -256,8 +257,7 @@ def synthetic_task(config: GPTConfig | None = None, batch_size: int = 32, steps:
     """`steps` batches [(idx, targets), ...] of the sequence-reversal task (`reversal_batch`),
     the same on every rank for the same seed: the training data of the GPT notebooks."""
     config = GPTConfig() if config is None else config
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1 or \
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"batch_size must be an integer >= 1 and steps an integer >= 0, "
-                         f"got batch_size={batch_size!r}, steps={steps!r}")
+    with Checks("synthetic_task") as check:
+        check.integer("batch_size", batch_size, min=1)
+        check.integer("steps", steps, min=0)
     return [reversal_batch(config, batch_size, step, seed) for step in range(steps)]

@@ -36,16 +36,14 @@ from typing import NamedTuple
 
 import torch.distributed as dist
 
+from ddnb._checks import Checks, is_int
+
 AXES = ("dp", "pp", "tp")
 ORDER = ("pp", "dp", "tp")   # slowest to fastest
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _check_rank(rank, world_size: int) -> None:
-    if not (_is_int(rank) and 0 <= rank < world_size):
+    if not (is_int(rank) and 0 <= rank < world_size):
         raise ValueError(f"rank({rank!r}) is not in [0, world_size({world_size})): a rank is an int")
 
 
@@ -65,23 +63,21 @@ class ProcessGrid:
     def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, world_size: int | None = None,
                  rank: int | None = None, build_groups: bool = True):
         sizes = {"dp": dp, "pp": pp, "tp": tp}
-        bad = [a for a, v in sizes.items() if not (_is_int(v) and v >= 1)]
-        if bad:
-            raise ValueError(f"dp, pp and tp must be integers >= 1, got dp={dp!r}, pp={pp!r}, tp={tp!r} "
-                             f"({' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not)")
         initialized = dist.is_available() and dist.is_initialized()
-        if world_size is None:
-            if not initialized:
-                raise ValueError("world_size is needed when torch.distributed is not initialized")
+        if world_size is None and initialized:
             world_size = dist.get_world_size()
         if rank is None:
             rank = dist.get_rank() if initialized else 0
-        if not (_is_int(world_size) and world_size >= 1):
-            raise ValueError(f"world_size must be an integer >= 1, got world_size={world_size!r}")
-        if dp * pp * tp != world_size:
-            raise ValueError(f"dp({dp}) * pp({pp}) * tp({tp}) != world_size({world_size}): "
-                             f"the grid has {dp * pp * tp} positions for {world_size} ranks")
-        _check_rank(rank, world_size)
+        with Checks("ProcessGrid") as check:
+            bad = [a for a, v in sizes.items() if not (is_int(v) and v >= 1)]
+            factors_ok = check.rule(not bad, f"dp, pp and tp must be integers >= 1, got dp={dp!r}, pp={pp!r}, "
+                                    f"tp={tp!r} ({' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not)")
+            if check.rule(world_size is not None, "world_size is needed when torch.distributed is not initialized"):
+                if check.integer("world_size", world_size, min=1) and factors_ok and check.rule(
+                        dp * pp * tp == world_size, f"dp({dp}) * pp({pp}) * tp({tp}) != world_size({world_size}): "
+                                                    f"the grid has {dp * pp * tp} positions for {world_size} ranks"):
+                    check.rule(is_int(rank) and 0 <= rank < world_size,
+                               f"rank({rank!r}) is not in [0, world_size({world_size})): a rank is an int")
         self.sizes, self.world_size, self.rank = sizes, world_size, rank
         self._groups: dict = {}
         if build_groups and initialized:
@@ -117,9 +113,10 @@ class ProcessGrid:
 
     def rank_of(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
         """The global rank at coordinates (dp, pp, tp): the inverse of coords."""
-        for axis, v in (("dp", dp), ("pp", pp), ("tp", tp)):
-            if not (_is_int(v) and 0 <= v < self.sizes[axis]):
-                raise ValueError(f"{axis}={v!r} is not in [0, {axis}({self.sizes[axis]})): a coordinate is an int")
+        with Checks("ProcessGrid.rank_of") as check:
+            for axis, v in (("dp", dp), ("pp", pp), ("tp", tp)):
+                check.rule(is_int(v) and 0 <= v < self.sizes[axis],
+                           f"{axis}={v!r} is not in [0, {axis}({self.sizes[axis]})): a coordinate is an int")
         return pp * self.dp * self.tp + dp * self.tp + tp
 
     def ranks(self, axis: str, rank: int | None = None) -> list[int]:

@@ -17,6 +17,8 @@ import random
 import time
 from dataclasses import dataclass
 
+from ddnb._checks import Checks
+
 DEFAULTS = {"lr": 0.1, "hidden": 64, "steps": 200, "batch_size": 64, "momentum": 0.9, "seed": 0,
             "return_probs": False}
 
@@ -31,8 +33,9 @@ class LogUniform:
     high: float
 
     def __post_init__(self):
-        if not (self.low > 0 and self.high > self.low):
-            raise ValueError(f"LogUniform needs 0 < low < high, got low={self.low!r}, high={self.high!r}")
+        with Checks("LogUniform") as check:
+            if all([check.number("low", self.low, positive=True), check.number("high", self.high, positive=True)]):
+                check.rule(self.low < self.high, f"need 0 < low < high, got low={self.low!r}, high={self.high!r}")
 
     def sample(self, rng: random.Random) -> float:
         return float(f"{math.exp(rng.uniform(math.log(self.low), math.log(self.high))):.3g}")
@@ -56,13 +59,11 @@ def random_search(n: int, seed: int = 0, base: dict | None = None, **space) -> l
     """n configurations drawn from `space`: a LogUniform is sampled, a list or tuple is
     chosen from uniformly, anything else is a fixed value. The same (n, seed, space) gives
     the same configurations, in the same order, on every machine."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"random_search needs n >= 1 configurations, got n={n!r}")
-    if not space:
-        raise ValueError("random_search needs a search space, e.g. lr=LogUniform(1e-3, 1), hidden=[16, 64]")
     empty = [k for k, v in space.items() if isinstance(v, (list, tuple)) and len(v) == 0]
-    if empty:
-        raise ValueError(f"random_search: empty choices for {empty}")
+    with Checks("random_search") as check:
+        check.integer("n", n, min=1, why=" (configurations)")
+        check.rule(space, "need a search space, e.g. lr=LogUniform(1e-3, 1), hidden=[16, 64]")
+        check.rule(not empty, f"empty choices for {empty}")
     rng = random.Random(seed)
     draw = lambda v: v.sample(rng) if isinstance(v, LogUniform) else (
         rng.choice(list(v)) if isinstance(v, (list, tuple)) else v)
@@ -76,17 +77,11 @@ def check_config(config: dict) -> dict:
         raise ValueError(f"a task config is a dict, got {type(config).__name__}: {config!r}")
     unknown = sorted(set(config) - set(DEFAULTS))
     c = {**DEFAULTS, **config}
-    bad = [f"unknown keys {unknown} (known: {sorted(DEFAULTS)})"] if unknown else []
-    for name in ("hidden", "steps", "batch_size"):
-        v = c[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            bad.append(f"{name} must be an integer >= 1, got {v!r}")
-    if not (isinstance(c["lr"], (int, float)) and c["lr"] > 0):
-        bad.append(f"lr must be > 0, got {c['lr']!r}")
-    if not (isinstance(c["momentum"], (int, float)) and 0 <= c["momentum"] < 1):
-        bad.append(f"momentum must be in [0, 1), got {c['momentum']!r}")
-    if bad:
-        raise ValueError("bad task config: " + "; ".join(bad))
+    with Checks("bad task config") as check:
+        check.rule(not unknown, f"unknown keys {unknown} (known: {sorted(DEFAULTS)})")
+        check.positive_ints(hidden=c["hidden"], steps=c["steps"], batch_size=c["batch_size"])
+        check.number("lr", c["lr"], positive=True)
+        check.number("momentum", c["momentum"], min=0, below=1)
     return c
 
 

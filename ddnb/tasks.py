@@ -27,6 +27,9 @@ import signal
 import time
 from dataclasses import dataclass
 
+from ddnb._checks import Checks
+
+
 class TaskTimeoutError(TimeoutError):
     """Raised inside a task that runs longer than its timeout."""
 
@@ -108,17 +111,13 @@ def run_tasks(view, fn, configs, timeout: float = 60.0, progress=True, deadline:
     progress: True (a progress bar when in a notebook), False, or callback(done, total, result).
     """
     configs = list(configs) if isinstance(configs, (list, tuple)) else configs
-    if not isinstance(configs, list) or not configs:
-        raise ValueError(f"run_tasks needs a non-empty list of configs, got {configs!r}")
-    if not callable(fn):
-        raise ValueError(f"fn must be callable, got {fn!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not deadline > 0):
-        raise ValueError(f"deadline must be a positive number of seconds or None, got {deadline!r}")
-    if not hasattr(view, "apply_async") or getattr(view, "client", None) is None:
-        raise ValueError(f"view must be an ipyparallel view (cluster.client.load_balanced_view()), got {view!r}")
+    with Checks("run_tasks") as check:
+        check.rule(isinstance(configs, list) and configs, f"configs={configs!r}: need a non-empty list of configs")
+        check.rule(callable(fn), f"fn={fn!r}: need a callable")
+        check.number("timeout", timeout, positive=True, why=" (seconds)")
+        check.number("deadline", deadline, positive=True, none=True, why=" (seconds) or None")
+        check.rule(hasattr(view, "apply_async") and getattr(view, "client", None) is not None,
+                   f"view={view!r}: need an ipyparallel view (cluster.client.load_balanced_view())")
     client = view.client
     engines = _view_engines(view)
     if not engines:
@@ -258,12 +257,10 @@ def time_task_set(client, engine_ids, fn, configs, counts=(1, 2, 4), timeout: fl
     """{engines: wall seconds} to run the same `configs` on a load-balanced view over the
     first `engines` of `engine_ids`, for each count (the best of `repeats` runs). Raises if
     a task fails: a speedup of failed work means nothing."""
-    engine_ids = list(engine_ids)
-    bad = [k for k in counts if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engine_ids)]
-    if bad or not counts:
-        raise ValueError(f"counts must be integers in 1..{len(engine_ids)} (the engines given), got {list(counts)}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    engine_ids, counts = list(engine_ids), tuple(counts)
+    with Checks("time_task_set") as check:
+        check.integers("counts", counts, min=1, max=len(engine_ids), why=f" (1..{len(engine_ids)}: the engines given)")
+        check.integer("repeats", repeats, min=1)
     times = {}
     for k in counts:
         view = client.load_balanced_view(targets=engine_ids[:k])

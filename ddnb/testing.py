@@ -34,6 +34,7 @@ from multiprocessing.connection import wait
 
 import cloudpickle
 
+from ddnb._checks import Checks
 from ddnb.runtime.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
 from ddnb.runtime.worker import GPU_BACKEND
 
@@ -155,15 +156,17 @@ class World:
                  backend: str = "gloo", emulate=None):
         from ddnb.runtime.worker import threads_for
 
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"World needs an integer n >= 1, got {n!r}")
-        profile = None
-        if emulate is not None:   # checked before any process starts
-            from ddnb.emulate import get_profile
+        with Checks("World") as check:
+            check.integer("n", n, min=1, why=" (ranks)")
+            check.number("timeout", timeout, positive=True, why=" (seconds)")
+            check.integer("threads", threads, min=1, none=True)
+            profile = None
+            if emulate is not None:
+                from ddnb.runtime.placement import emulated_profile
 
-            profile = get_profile(emulate)
-            if horovod:
-                raise ValueError("emulate: Horovod is not emulated (its collectives would run at real speed)")
+                profile = emulated_profile(emulate, check)
+                check.rule(not horovod, "emulate with horovod=True: Horovod is not emulated (its collectives "
+                                        "would run at real speed)")
         self.threads = threads_for(n, threads)   # intra-op threads of every rank
         self.backend = backend = check_backend(backend, n)
         self.n, self.timeout, self.horovod = n, timeout, horovod

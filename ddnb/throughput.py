@@ -26,20 +26,15 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ddnb._checks import Checks, check_positive_ints
 from ddnb.cost.transformer import flops_per_token, matmul_flops
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
-
-
-def _check_positive(**values) -> None:
-    bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"{', '.join(values)} must be positive integers, got {', '.join(bad)}")
 
 
 def matmul_flops_per_second(n: int = 1024, repeats: int = 5, dtype=torch.float32) -> float:
     """2·n³ / t for the fastest of `repeats` (n, n) @ (n, n) products: the practical peak
     FLOP/s of this device (after one warm-up product)."""
-    _check_positive(n=n, repeats=repeats)
+    check_positive_ints("matmul_flops_per_second", n=n, repeats=repeats)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(dtype)            # (n, n)
     b = torch.randn(n, n, generator=g).to(dtype)            # (n, n)
@@ -59,7 +54,7 @@ def step_throughput(config: GPTConfig, batch_sizes, steps: int = 3, seed: int = 
     {batch_size, step_s, tokens_per_s, flops_per_s}, where flops_per_s counts the model's
     FLOPs, `ddnb.cost.flops_per_token` (untied head: its V·d are in the matmul weights)."""
     batch_sizes = list(batch_sizes)
-    _check_positive(steps=steps, **{f"batch_sizes[{i}]": b for i, b in enumerate(batch_sizes)})
+    check_positive_ints("step_throughput", steps=steps, **{f"batch_sizes[{i}]": b for i, b in enumerate(batch_sizes)})
     per_token = flops_per_token(config.n_layers, config.d_model, config.vocab_size, config.seq_len,
                                 config.mlp_ratio)
     rows = []
@@ -97,9 +92,9 @@ class PreprocessedImages(Dataset):
     The same samples come out whatever the number of DataLoader workers."""
 
     def __init__(self, n: int = 256, shape=(3, 32, 32), work: int = 30, seed: int = 0, read_s: float = 0.0):
-        _check_positive(n=n, work=work)
-        if isinstance(read_s, bool) or not isinstance(read_s, (int, float)) or read_s < 0:
-            raise ValueError(f"read_s must be a number >= 0, got read_s={read_s!r}")
+        with Checks("PreprocessedImages") as check:
+            check.positive_ints(n=n, work=work)
+            check.number("read_s", read_s, min=0, why=" (seconds)")
         self.n, self.shape, self.work, self.seed, self.read_s = n, tuple(shape), work, seed, read_s
 
     def __len__(self) -> int:
@@ -132,17 +127,13 @@ def _timed_pass(loader, per_batch=None) -> dict:
             "batches": batches, "samples": samples, "after_first_samples": samples - first_samples}
 
 
-def _check_workers(num_workers) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be an integer >= 0, got num_workers={num_workers!r}")
-
-
 def loader_throughput(dataset: Dataset, num_workers: int = 0, batch_size: int = 32) -> dict:
     """One pass of a DataLoader over `dataset`: {num_workers, seconds, first_batch_s,
     samples_per_s}. Starting worker processes costs time once (first_batch_s includes it);
     samples_per_s is the steady rate, counted after the first batch."""
-    _check_positive(batch_size=batch_size)
-    _check_workers(num_workers)
+    with Checks("loader_throughput") as check:
+        check.integer("num_workers", num_workers, min=0)
+        check.integer("batch_size", batch_size, min=1)
     r = _timed_pass(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers))
     rate = r["after_first_samples"] / r["after_first_s"] if r["after_first_s"] > 0 else r["samples"] / r["seconds"]
     return {"num_workers": num_workers, "seconds": r["seconds"], "first_batch_s": r["first_batch_s"],
@@ -155,10 +146,10 @@ def overlapped_epoch(dataset: Dataset, compute_s: float, num_workers: int = 0, b
     in the background while the step runs. Returns {num_workers, seconds, first_batch_s,
     after_first_s, batches}: after the first batch, a loop that overlaps takes about
     (batches - 1)·max(L / workers, C), one that doesn't (batches - 1)·(L + C)."""
-    if isinstance(compute_s, bool) or not isinstance(compute_s, (int, float)) or compute_s < 0:
-        raise ValueError(f"compute_s must be a number >= 0, got compute_s={compute_s!r}")
-    _check_workers(num_workers)
-    _check_positive(batch_size=batch_size)
+    with Checks("overlapped_epoch") as check:
+        check.number("compute_s", compute_s, min=0, why=" (seconds)")
+        check.integer("num_workers", num_workers, min=0)
+        check.integer("batch_size", batch_size, min=1)
     r = _timed_pass(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers),
                     per_batch=lambda: time.sleep(compute_s))              # the device step
     return {"num_workers": num_workers, "seconds": r["seconds"], "first_batch_s": r["first_batch_s"],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from ddnb._checks import Checks
+
 
 def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None, group=None) -> float:
     """Seconds per call of op(tensor) on a tensor of `numel` elements, the slowest rank's
@@ -15,8 +17,10 @@ def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None
     import torch
     import torch.distributed as dist
 
-    if numel < 0 or iters < 1 or warmup < 0:
-        raise ValueError(f"need numel >= 0, iters >= 1, warmup >= 0; got {numel}, {iters}, {warmup}")
+    with Checks("time_collective") as check:
+        check.integer("numel", numel, min=0)
+        check.integer("iters", iters, min=1)
+        check.integer("warmup", warmup, min=0)
     # with nccl in the group ("nccl" or "cpu:gloo,cuda:nccl") time it on this rank's GPU
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend(group) else "cpu"
     x = torch.ones(numel, dtype=dtype or torch.float32, device=device)

@@ -75,17 +75,25 @@ def test_total_traffic_is_2_p_minus_1_vectors(algorithm, p):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"algorithm": "butterfly"}, r"unknown all-reduce algorithm 'butterfly'; known: naive, tree, ring, halving_doubling"),
-    ({"nbytes": -1}, r"nbytes must be a number >= 0, got nbytes=-1"),
-    ({"world_size": 0}, r"world_size must be an integer >= 1, got world_size=0"),
-    ({"world_size": 2.0}, r"world_size must be an integer >= 1, got world_size=2.0"),
-    ({"alpha": -1e-6}, r"alpha must be a number >= 0, got alpha=-1e-06 \(alpha=-1e-06, beta=1e-09, gamma=0.0\)"),
-    ({"beta": -1.0}, r"beta must be a number >= 0"),
-    ({"gamma": float("nan")}, r"gamma must be a number >= 0"),
+    ({"nbytes": -1}, r"nbytes=-1: need a number >= 0"),
+    ({"world_size": 0}, r"world_size=0: need an integer >= 1"),
+    ({"world_size": 2.0}, r"world_size=2.0: need an integer >= 1"),
+    ({"alpha": -1e-6}, r"^allreduce_time: alpha=-1e-06: need a number >= 0$"),
+    ({"beta": -1.0}, r"beta=-1.0: need a number >= 0"),
+    ({"gamma": float("nan")}, r"gamma=nan: need a finite number >= 0"),
 ])
 def test_validation(kwargs, match):
     args = {"algorithm": "ring", "nbytes": N, "world_size": 4, "alpha": A, "beta": B, "gamma": 0.0} | kwargs
     with pytest.raises(ValueError, match=match):
         allreduce_time(**args)
+
+
+def test_every_bad_argument_is_named_at_once():
+    with pytest.raises(ValueError) as info:
+        allreduce_time("butterfly", -1, 0, alpha=-A, beta=B, gamma=math.inf)
+    assert str(info.value) == ("allreduce_time: unknown all-reduce algorithm 'butterfly'; known: naive, tree, ring, "
+                               "halving_doubling; nbytes=-1: need a number >= 0; world_size=0: need an integer >= 1; "
+                               "alpha=-1e-05: need a number >= 0; gamma=inf: need a finite number >= 0")
 
 
 def test_bytes_per_rank_validation():

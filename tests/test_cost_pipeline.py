@@ -73,6 +73,8 @@ def test_activation_bytes_gpipe_grows_with_m_1f1b_with_p():
     (lambda: peak_microbatches_in_flight("1f1b", 2, 2, rank=2), ["rank=2", "stages(2)"]),
     (lambda: pipeline_activation_bytes("gpipe", 2, 2, 0), ["bytes_per_microbatch=0"]),
     (lambda: interleaved_bubble_fraction(2, 4, 0), ["chunks=0"]),
+    (lambda: pipeline_activation_bytes("zb", 0, 2, -1, rank=-1), ["'zb'", "stages=0", "bytes_per_microbatch=-1",
+                                                                   "rank=-1"]),
     (lambda: get_schedule("interleaved", 4, 6, 2), ["microbatches(6) % stages(4) = 2"]),
 ])
 def test_bad_input_names_every_value(call, words):

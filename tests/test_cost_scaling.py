@@ -217,6 +217,17 @@ def test_bad_input_names_the_value(call, words):
     assert words in str(info.value)
 
 
+def test_every_bad_argument_is_named_at_once():
+    with pytest.raises(ValueError) as info:
+        communication_time("ring", 0, 8, "fast", servers=0, inter_algorithm="mesh")
+    message = str(info.value)
+    assert message.startswith("communication_time: ") and all(
+        words in message for words in ("num_params=0", "servers=0", "net='fast'", "'mesh'")), message
+    with pytest.raises(ValueError) as info:
+        hierarchical_allreduce_time(-1.0, 12, 8, INTRA, None)
+    assert all(words in str(info.value) for words in ("nbytes=-1.0", "per_node=8", "inter=None")), str(info.value)
+
+
 def test_widget_shows_errors_instead_of_raising():
     import matplotlib
     matplotlib.use("Agg")

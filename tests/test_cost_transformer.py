@@ -93,6 +93,8 @@ def test_mfu_and_training_days_by_hand():
     (lambda: training_days(1e23, 312e12, mfu=1.5), ["mfu=1.5"]),
     (lambda: training_days(1e23, 312e12, scaling_efficiency=0), ["scaling_efficiency=0"]),
     (lambda: training_days(0, 312e12), ["total_flops=0"]),
+    (lambda: training_days(1e23, -1, n_devices=0, mfu=0, scaling_efficiency=2),
+     ["peak_flops=-1", "n_devices=0", "mfu=0", "scaling_efficiency=2"]),
 ])
 def test_bad_input_names_every_bad_value(call, names):
     with pytest.raises(ValueError) as err:

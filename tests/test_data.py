@@ -39,8 +39,9 @@ def test_shards_are_disjoint_and_cover(splits):
     seen = torch.cat([p.x[:, 0] for p in parts]).long().sort().values
     assert torch.equal(seen, torch.arange(len(train)))
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
-    for bad in [(4, 4), (-1, 4), (0, 0)]:
-        with pytest.raises(ValueError, match="rank"):
+    for bad, message in [((4, 4), r"rank=4: need an integer >= 0 and <= 3 \(0 <= rank < num_shards=4\)"),
+                         ((-1, 4), r"rank=-1: need an integer >= 0"), ((0, 0), r"num_shards=0: need an integer >= 1")]:
+        with pytest.raises(ValueError, match=message):
             shard(ids, *bad)
 
 
@@ -55,6 +56,9 @@ def test_batches_are_deterministic_epochs_without_repeats():
     assert torch.equal(x[:, 0].long(), y) and torch.equal(y, batch_indices(n, b, 6, seed=3))
     with pytest.raises(ValueError, match="batch_size"):
         batch_indices(4, 5, 0, 0)
+    with pytest.raises(ValueError, match=r"^batch_indices: batch_size=5: need an integer >= 1 and <= 4 \(at most "
+                                         r"the n examples\); step=-1: need an integer >= 0$"):
+        batch_indices(4, 5, -1, 0)
 
 
 def test_mlp_is_seeded_and_flat_views_round_trip(splits):

@@ -291,11 +291,12 @@ def test_replicas_that_differ_raise_on_every_rank(world):
 def test_bad_bucket_size_fails_before_any_collective(bucket_mb):
     # no process group in this process: a collective would raise something else
     assert not dist.is_initialized()
-    with pytest.raises(ValueError, match=r"bucket_mb=.*finite number of megabytes > 0"):
+    with pytest.raises(ValueError,
+                       match=r"^BucketedDataParallel: bucket_mb=.*: need a (finite )?number > 0 \(megabytes\)$"):
         BucketedDataParallel(nn.Linear(2, 2), bucket_mb=bucket_mb)
     with pytest.raises(ValueError, match=r"first_bucket_mb=-1"):
         BucketedDataParallel(nn.Linear(2, 2), first_bucket_mb=-1)
-    with pytest.raises(ValueError, match=r"allreduce='butterfly' is not one of \['torch', 'naive', 'tree', 'ring'"):
+    with pytest.raises(ValueError, match=r"allreduce='butterfly' is not one of \('torch', 'naive', 'tree', 'ring'"):
         BucketedDataParallel(nn.Linear(2, 2), allreduce="butterfly")
 
 
@@ -361,6 +362,12 @@ def test_sampler_bad_input():
         ShardSampler(10, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="initialize torch.distributed"):
         ShardSampler(10)
+    with pytest.raises(TypeError, match=r"^ShardSampler: num_replicas=1.5: need an int; rank='0': need an int; "
+                                        r"shuffle=None: need True or False$"):
+        ShardSampler(10, num_replicas=1.5, rank="0", shuffle=None)
+    with pytest.raises(ValueError,
+                       match=r"seed=-9223372036854775809 is not in .*; num_replicas=0: need an integer >= 1"):
+        ShardSampler(10, num_replicas=0, rank=0, seed=-2 ** 63 - 1)
     loader = torch.utils.data.DataLoader(list(range(10)), batch_size=2, sampler=ShardSampler(10, 2, 1, shuffle=False))
     assert [b.tolist() for b in loader] == [[1, 3], [5, 7], [9]]
 

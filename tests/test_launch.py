@@ -71,9 +71,11 @@ def test_launcher_backend_gives_gpus_gloo_and_nccl():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["dp", "--steps", "0"], "steps must be an integer >= 1, got 0"),
-    (["dp", "--lr", "-1"], "lr must be > 0"),
-    (["dp", "--layers", "0"], "layers must be an integer >= 1, got 0"),
+    (["dp", "--steps", "0"], "steps=0: need an integer >= 1"),
+    (["dp", "--lr", "-1"], r"lr=-1.0: need a number > 0"),
+    (["dp", "--layers", "0"], "layers=0: need an integer >= 1"),
+    (["dp", "--steps", "0", "--lr", "0"],
+     r"ddnb.launch: train_digits: steps=0: need an integer >= 1; lr=0.0: need a number > 0"),
     (["dp", "--strategy", "ddp"], "runs under torchrun"),
     (["dp", "--strategy", "horovod"], "runs under horovodrun"),
 ])

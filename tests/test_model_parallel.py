@@ -159,16 +159,22 @@ def test_partition_errors_say_what_is_wrong():
     layers = list(mlp((4, 4, 4), seed=0))
     with pytest.raises(ValueError, match=r"strategy='fast' is not one of \('equal', 'params', 'time'\)"):
         partition_layers(layers, 2, "fast")
-    with pytest.raises(ValueError, match="stages must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="stages=0: need an integer >= 1"):
         partition_layers(layers, 0)
     with pytest.raises(ValueError, match="strategy='time' needs times"):
         partition_layers(layers, 2, "time")
     with pytest.raises(ValueError, match="times has 2 entries for 3 layers"):
         partition_layers(layers, 2, "time", times=[1, 2])
-    with pytest.raises(ValueError, match=r"times\[1\]=-1.0"):
+    with pytest.raises(ValueError, match=r"times\[1\]=-1: need a number >= 0"):
         partition_layers(layers, 2, "time", times=[1, -1, 2])
     with pytest.raises(ValueError, match="times is only used by strategy='time'"):
         partition_layers(layers, 2, "params", times=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"^partition_layers: strategy='fast' is not one of .*; stages=0: need an "
+                                         r"integer >= 1; times is only used by strategy='time'"):
+        partition_layers(layers, 0, "fast", times=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"strategy='params' needs the layers themselves, not a count \(-3\); "
+                                         r"layers=-3: need an integer >= 1"):
+        partition_layers(-3, 2, "params")
     with pytest.raises(ValueError, match=r"stage 1 ends at 2 but stage 2 starts at 1"):
         check_bounds([(0, 1), (1, 2), (1, 3)], 3, 3)
     with pytest.raises(ValueError, match=r"the last stage ends at 2, not layers\(3\); stage 1 \(2, 2\) is empty"):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ddnb.models import (IGNORE, Block, CausalSelfAttention, Embedding, GPTConfig, Head, causal_attention, gpt,
-                         lm_loss, reversal_batch, synthetic_task)
+                         lm_loss, mlp, reversal_batch, synthetic_task)
 
 CFG = GPTConfig(n_layers=2)
 
@@ -121,3 +121,14 @@ def test_bad_configs_say_what_is_wrong():
     with pytest.raises(ValueError, match=r"vocab_size\(2\)"):
         reversal_batch(GPTConfig(vocab_size=2), 1)
     assert CausalSelfAttention(CFG)(torch.zeros(1, 3, CFG.d_model)).shape == (1, 3, CFG.d_model)
+
+
+def test_every_bad_size_is_named_at_once():
+    with pytest.raises(ValueError) as info:
+        GPTConfig(n_layers=0, d_model=True, mlp_ratio=2.0)
+    assert all(w in str(info.value) for w in ("n_layers=0", "d_model=True", "mlp_ratio=2.0")), str(info.value)
+    with pytest.raises(ValueError, match=r"^mlp: sizes=\(4, 0\): need at least 2 integers >= 1 \(input, \.\.\., "
+                                         r"output\); dropout=1: need a number >= 0 and < 1 \(a probability\)$"):
+        mlp((4, 0), dropout=1)
+    with pytest.raises(ValueError, match=r"batch_size=0: need an integer >= 1; steps=-1: need an integer >= 0"):
+        synthetic_task(CFG, batch_size=0, steps=-1)

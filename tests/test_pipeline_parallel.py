@@ -117,6 +117,12 @@ def test_partition_and_bad_counts():
         gpipe_schedule(2, 0)
     with pytest.raises(ValueError, match="'zb'"):
         get_schedule("zb", 2, 2)
+    with pytest.raises(ValueError, match=r"^get_schedule: schedule='zb' is not one of .*; stages=0: need an integer "
+                                         r">= 1; microbatches=1.5: need an integer >= 1$"):
+        get_schedule("zb", 0, 1.5)
+    with pytest.raises(ValueError, match=r"chunks=0: need an integer >= 1; interleaved 1F1B needs microbatches a "
+                                         r"multiple of stages, got microbatches\(6\) % stages\(4\) = 2"):
+        get_schedule("interleaved", 4, 6, chunks=0)
 
 
 # ---------------------------------------------------------------- on a real pipeline

@@ -56,7 +56,12 @@ def test_bad_sizes_list_every_factor():
         ProcessGrid(dp=0, tp=1.5, world_size=4)
     with pytest.raises(ValueError, match=r"rank\(4\) is not in \[0, world_size\(4\)\)"):
         ProcessGrid(dp=4, world_size=4, rank=4)
+    with pytest.raises(ValueError, match=r"^ProcessGrid: dp, pp and tp must be integers >= 1, .*\(dp is not\); "
+                                         r"world_size=0: need an integer >= 1$"):
+        ProcessGrid(dp=0, world_size=0)
     grid = ProcessGrid(dp=2, tp=2, world_size=4)
+    with pytest.raises(ValueError, match=r"dp=2 is not in \[0, dp\(2\)\).*; tp=-1 is not in \[0, tp\(2\)\)"):
+        grid.rank_of(dp=2, tp=-1)
     with pytest.raises(ValueError, match="axis='ep'"):
         grid.ranks("ep")
     with pytest.raises(ValueError, match=r"tp=2 is not in \[0, tp\(2\)\)"):
@@ -84,8 +89,8 @@ def grid_case():
 
 def test_groups_reduce_over_the_right_ranks(world):
     res = world(4).run(grid_case)
-    assert all(r["bad"] == "dp(3) * pp(1) * tp(2) != world_size(4): the grid has 6 positions for 4 ranks"
-               for r in res)
+    assert all(r["bad"] == "ProcessGrid: dp(3) * pp(1) * tp(2) != world_size(4): the grid has 6 positions for "
+                           "4 ranks" for r in res)
     assert [r["coords"] for r in res] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
     assert [r["tp"] for r in res] == [1.0, 1.0, 5.0, 5.0]      # [0, 1] and [2, 3]
     assert [r["dp"] for r in res] == [2.0, 4.0, 2.0, 4.0]      # [0, 2] and [1, 3]

@@ -204,15 +204,20 @@ def test_checkpointing_same_gradients_fewer_saved_bytes():
 def test_bad_input_before_any_collective():
     model = gpt(CFG)
     # no process group exists in the test process: these must fail before touching one
-    with pytest.raises(ValueError, match=r"lr must be a number > 0, got lr=-1.*eps must be a number > 0, got eps=0"):
+    with pytest.raises(ValueError, match=r"^ZeroStage1: lr=-1: need a number > 0; eps=0: need a number > 0$"):
         ZeroStage1(model, lr=-1, eps=0)
     shared = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"in two units: \['0.weight \(units 0 and 1\)', '0.bias \(units 0 and 1\)'\]"):
+    with pytest.raises(ValueError,
+                       match=r"in two units: \['0.weight \(units 0 and 1\)', '0.bias \(units 0 and 1\)'\], in none"):
         ZeroStage1(nn.Sequential(shared, nn.ReLU()), units=[shared, shared])
     with pytest.raises(ValueError, match=r"in none: \['1.weight', '1.bias'\]"):
         ZeroStage1(nn.Sequential(shared, nn.Linear(2, 2)), units=[shared])
     with pytest.raises(ValueError, match=r"stage=4"):
         expected_state_bytes([10], 2, 4)
+    with pytest.raises(ValueError, match=r"^expected_state_bytes: unit_numels=\[\]: need a non-empty list of "
+                                         r"integers >= 1; world_size=0: need an integer >= 1; "
+                                         r"stage=4: need an integer >= 0 and <= 3$"):
+        expected_state_bytes([], 0, 4)
 
 
 def _bad_run(kwargs):
@@ -222,9 +227,9 @@ def _bad_run(kwargs):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(strategy="zero4"), r"strategy='zero4' is not one of \['ddp', 'zero1', 'zero2', 'zero3', 'fsdp2'\]"),
+    (dict(strategy="zero4"), r"strategy='zero4' is not one of \('ddp', 'zero1', 'zero2', 'zero3', 'fsdp2'\)"),
     (dict(strategy="zero1", batch_size=3), r"batch_size\(3\) must be a positive multiple of world_size\(2\)"),
-    (dict(strategy="zero3", steps=0), r"steps must be an integer >= 1, got steps=0"),
+    (dict(strategy="zero3", steps=0), r"steps=0: need an integer >= 1"),
 ])
 def test_bad_run_raises_on_every_rank(world, kwargs, message):
     with pytest.raises(WorkerError, match=message) as e:

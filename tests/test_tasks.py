@@ -77,7 +77,7 @@ def test_random_search_is_seeded_and_in_range():
     (lambda: random_search(3, hidden=[]), ["hidden"]),
     (lambda: LogUniform(0, 1), ["low=0"]),
     (lambda: LogUniform(1, 0.5), ["low=1", "high=0.5"]),
-    (lambda: check_config({"lr": -1, "hidden": 0, "depth": 3}), ["lr must be > 0, got -1", "hidden", "got 0",
+    (lambda: check_config({"lr": -1, "hidden": 0, "depth": 3}), ["lr=-1: need a number > 0", "hidden=0",
                                                                  "unknown keys ['depth']"]),
     (lambda: ensemble_accuracy(torch.ones(2, 3, 4), torch.zeros(5, dtype=torch.long)), ["(2, 3, 4)"]),
     (lambda: ensemble_accuracy(torch.ones(2, 3, 4), torch.zeros(3, dtype=torch.long), method="max"), ["max"]),
@@ -90,6 +90,7 @@ def test_bad_input_says_what_is_wrong(call, words):
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(configs=[]), ["non-empty list"]),
+    (dict(configs=[], timeout=-5, deadline=0), ["configs=[]", "timeout=-5", "deadline=0"]),
     (dict(configs=[SMALL], timeout=0), ["timeout", "0"]),
     (dict(configs=[SMALL], timeout=-5), ["timeout", "-5"]),
     (dict(configs=[SMALL], timeout=None), ["timeout", "None"]),
@@ -113,7 +114,7 @@ def test_results_in_submission_order_failure_reported_equal_to_one_process(view)
     assert [r.config for r in results] == configs
     assert [r.status for r in results] == ["ok", "error", "ok", "ok", "ok"]
     bad = results[1]
-    assert bad.error.startswith("ValueError: bad task config: hidden must be an integer >= 1, got 0")
+    assert bad.error.startswith("ValueError: bad task config: hidden=0: need an integer >= 1")
     assert bad.value is None
     for r in results:
         if r.ok:   # the same as training in this process (the same seeds, the same batches)

@@ -90,8 +90,11 @@ def test_run_world_one_shot():
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_world_size(bad):
-    with pytest.raises(ValueError, match="n >= 1"):
+    with pytest.raises(ValueError, match=rf"^World: n={bad!r}: need an integer >= 1 \(ranks\)$"):
         World(bad)
+    with pytest.raises(ValueError, match=r"^World: n=0: .*; timeout=-1: need a number > 0 \(seconds\); threads=0: need "
+                                         r"an integer >= 1$"):
+        World(0, timeout=-1, threads=0)
 
 
 def test_backend_is_checked_before_any_process_starts():

@@ -2,6 +2,8 @@
 machine is shared), the generated dataset is the same whatever the number of workers,
 and bad sizes are rejected; the single-device plots and the memory calculator draw
 from plain data and report bad input in the widget."""
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -60,6 +62,8 @@ def test_loader_and_overlap_rows():
     (lambda: overlapped_epoch(PreprocessedImages(2), -1.0), ["compute_s=-1.0"]),
     (lambda: step_throughput(GPTConfig(), [4, 0]), ["batch_sizes[1]=0"]),
     (lambda: matmul_flops_per_second(n=0), ["n=0"]),
+    (lambda: overlapped_epoch(PreprocessedImages(2), math.nan, num_workers=-1, batch_size=0),
+     ["compute_s=nan", "num_workers=-1", "batch_size=0"]),
 ])
 def test_bad_input(call, names):
     with pytest.raises(ValueError) as err:

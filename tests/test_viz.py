@@ -124,8 +124,10 @@ def test_scaling_table_speedup_and_efficiency():
     assert scaling_table({2: 1.0})[0]["efficiency"] is None          # no 1-worker baseline yet
     with pytest.raises(ValueError, match="worker counts must be integers >= 1"):
         scaling_table({0: 1.0})
-    with pytest.raises(ValueError, match="times must be > 0"):
+    with pytest.raises(ValueError, match=r"times\[1\]=0.0: need a number > 0 \(seconds\)"):
         scaling_table({1: 0.0})
+    with pytest.raises(ValueError, match=r"worker counts must be integers >= 1, got \[0, 2\]; times\[2\]=-1: need"):
+        scaling_table({0: 1.0, 2: -1})
 
 
 def test_worker_count_explorer_draws_efficiency_from_a_fake_cluster():

@@ -35,7 +35,7 @@ def test_the_argument_then_the_environment_override_the_rule(monkeypatch):
     (None, 0, 1, r"threads=0: intra-op threads must be an integer >= 1"),
     (None, 2.5, 1, r"threads=2.5"),
     (None, True, 1, r"threads=True"),
-    (None, None, 0, r"local_ranks must be an integer >= 1, got 0"),
+    (None, None, 0, r"local_ranks=0: need an integer >= 1"),
 ])
 def test_bad_values_are_named(env, threads, local_ranks, message, monkeypatch):
     if env is None:

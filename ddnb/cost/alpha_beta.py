@@ -21,28 +21,18 @@ model with measured times.
 from __future__ import annotations
 
 import math
-import numbers
 import time
+
+from ddnb._checks import Checks, is_number
 
 ALGORITHMS = ("naive", "tree", "ring", "halving_doubling")
 
 
-def _number(value) -> bool:
-    """A finite real number (not a bool): what every size and time here must be."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _finite_note(value) -> str:
-    return " (it must be finite)" if isinstance(value, numbers.Real) and not math.isfinite(value) else ""
-
-
-def _check(algorithm: str, nbytes, world_size) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    if not (_number(nbytes) and nbytes >= 0):
-        raise ValueError(f"nbytes must be a number >= 0, got nbytes={nbytes!r}{_finite_note(nbytes)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got world_size={world_size!r}")
+def _check(check: Checks, algorithm: str, nbytes, world_size) -> None:
+    """An algorithm of ALGORITHMS, nbytes >= 0 and world_size >= 1."""
+    check.rule(algorithm in ALGORITHMS, f"unknown all-reduce algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    check.number("nbytes", nbytes, min=0)
+    check.integer("world_size", world_size, min=1)
 
 
 def _ceil_lg(p: int) -> int:
@@ -77,11 +67,10 @@ def allreduce_time(algorithm: str, nbytes: float, world_size: int, alpha: float,
     >>> allreduce_time("ring", 1e6, 4, alpha=1e-5, beta=1e-9)   # 6e-5 + 1.5e-3
     0.00156
     """
-    _check(algorithm, nbytes, world_size)
-    for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        if not (_number(value) and value >= 0):
-            raise ValueError(f"{name} must be a number >= 0, got {name}={value!r} "
-                             f"(alpha={alpha!r}, beta={beta!r}, gamma={gamma!r}){_finite_note(value)}")
+    with Checks("allreduce_time") as check:
+        _check(check, algorithm, nbytes, world_size)
+        for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+            check.number(name, value, min=0)
     n, p = float(nbytes), world_size
     if p == 1:
         return 0.0
@@ -115,7 +104,8 @@ def allreduce_bytes_per_rank(algorithm: str, nbytes: float, world_size: int) -> 
     The sum over ranks is the total traffic: 2(p-1) n for naive and tree, 2(p-1) n for
     the ring and for halving-doubling on a power of two.
     """
-    _check(algorithm, nbytes, world_size)
+    with Checks("allreduce_bytes_per_rank") as check:
+        _check(check, algorithm, nbytes, world_size)
     n, p = float(nbytes), world_size
     if p == 1:
         return [0.0]
@@ -150,8 +140,8 @@ def fit_alpha_beta(sizes_bytes, times_s, relative: bool = True) -> tuple[float, 
     ns, ts = list(sizes_bytes), list(times_s)
     if len(ns) != len(ts) or len(ns) < 2:
         raise ValueError(f"need >= 2 (size, time) pairs of equal length, got {len(ns)} sizes and {len(ts)} times")
-    bad = [f"sizes_bytes[{i}]={n!r}" for i, n in enumerate(ns) if not (_number(n) and n >= 0)] + \
-          [f"times_s[{i}]={t!r}" for i, t in enumerate(ts) if not (_number(t) and t > 0)]
+    bad = [f"sizes_bytes[{i}]={n!r}" for i, n in enumerate(ns) if not (is_number(n) and n >= 0)] + \
+          [f"times_s[{i}]={t!r}" for i, t in enumerate(ts) if not (is_number(t) and t > 0)]
     if bad:
         raise ValueError(f"need finite sizes >= 0 and times > 0, got {', '.join(bad)} "
                          f"(sizes_bytes={ns}, times_s={ts})")
@@ -271,8 +261,9 @@ def measure_gamma(nbytes: int = 16 << 20, iters: int = 10) -> float:
     on this process, with its current number of threads: the gamma of the model."""
     import torch
 
-    if nbytes < 4 or iters < 1:
-        raise ValueError(f"need nbytes >= 4 and iters >= 1, got nbytes={nbytes}, iters={iters}")
+    with Checks("measure_gamma") as check:
+        check.integer("nbytes", nbytes, min=4)
+        check.integer("iters", iters, min=1)
     from ddnb.timing import barrier_and_clock
 
     clock = barrier_and_clock()[1]   # emulated: the add's modeled time

@@ -29,9 +29,8 @@ Taught in `notebooks/01_why_distributed.ipynb`.
 """
 from __future__ import annotations
 
-import math
-
-from ddnb.cost.transformer import _positive_ints, transformer_params
+from ddnb._checks import Checks, check_positive_ints
+from ddnb.cost.transformer import transformer_params
 
 # bytes per parameter of (parameters, gradients, optimizer state): Rajbhandari et al. 2020, Sec. 3.1
 STATE_BYTES = {
@@ -47,20 +46,12 @@ PRECISIONS = tuple(ACTIVATION_BYTES)
 OPTIMIZERS = ("adam", "momentum", "sgd")
 
 
-def _check_choice(precision: str, optimizer: str) -> None:
-    bad = []
-    if precision not in PRECISIONS:
-        bad.append(f"precision={precision!r} is not one of {list(PRECISIONS)}")
-    if optimizer not in OPTIMIZERS:
-        bad.append(f"optimizer={optimizer!r} is not one of {list(OPTIMIZERS)}")
-    if bad:
-        raise ValueError("; ".join(bad))
-
-
 def state_bytes_per_param(precision: str = "mixed", optimizer: str = "adam") -> tuple[int, int, int]:
     """(parameter, gradient, optimizer) bytes per parameter: mixed-precision Adam (2, 2, 12),
     fp32 Adam (4, 4, 8) (Rajbhandari et al. 2020, Sec. 3.1)."""
-    _check_choice(precision, optimizer)
+    with Checks("state_bytes_per_param") as check:
+        check.choice("precision", precision, PRECISIONS)
+        check.choice("optimizer", optimizer, OPTIMIZERS)
     return STATE_BYTES[(precision, optimizer)]
 
 
@@ -69,8 +60,8 @@ def layer_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_heads:
     """Bytes one transformer layer keeps for backward (Korthikanti et al. 2022, Sec. 4.1):
     e·(16·sbh + a·s²·b), plus (2·sbh + a·s²·b) mask bytes and e·a·s²·b dropped-out scores
     with dropout. e = 2 with dropout is the paper's sbh·(34 + 5·a·s/h)."""
-    _positive_ints(seq_len=seq_len, batch_size=batch_size, d_model=d_model, n_heads=n_heads,
-                   bytes_per_element=bytes_per_element)
+    check_positive_ints("layer_activation_bytes", seq_len=seq_len, batch_size=batch_size, d_model=d_model,
+                        n_heads=n_heads, bytes_per_element=bytes_per_element)
     s, b, h, a, e = seq_len, batch_size, d_model, n_heads, bytes_per_element
     total = e * (16 * s * b * h + a * s * s * b)
     if dropout:
@@ -83,8 +74,8 @@ def head_activation_bytes(seq_len: int, batch_size: int, d_model: int, vocab_siz
     """Bytes kept outside the layers (Korthikanti et al. 2022, Sec. 4.2): the final
     LayerNorm's and the output projection's inputs e·2·sbh, the logits in fp32 for the
     cross-entropy 4·sbv, and the embedding dropout mask sbh (with dropout)."""
-    _positive_ints(seq_len=seq_len, batch_size=batch_size, d_model=d_model, vocab_size=vocab_size,
-                   bytes_per_element=bytes_per_element)
+    check_positive_ints("head_activation_bytes", seq_len=seq_len, batch_size=batch_size, d_model=d_model,
+                        vocab_size=vocab_size, bytes_per_element=bytes_per_element)
     s, b, h, v, e = seq_len, batch_size, d_model, vocab_size, bytes_per_element
     return e * 2 * s * b * h + 4 * s * b * v + (s * b * h if dropout else 0)
 
@@ -98,12 +89,14 @@ def training_memory(n_layers: int, d_model: int, n_heads: int, vocab_size: int, 
     Ψ = `transformer_params(...)`; states Ψ·`state_bytes_per_param(precision, optimizer)`;
     activations n_layers·`layer_activation_bytes` + `head_activation_bytes`, at the peak
     (end of forward), without recomputation. Mixed-precision Adam is 16·Ψ + activations."""
-    _positive_ints(n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size, seq_len=seq_len,
-                   batch_size=batch_size, mlp_ratio=mlp_ratio)
-    _check_choice(precision, optimizer)
-    if d_model % n_heads:
-        raise ValueError(f"d_model({d_model}) must be divisible by n_heads({n_heads}): "
-                         f"each head gets d_model / n_heads = {d_model / n_heads:g} channels")
+    with Checks("training_memory") as check:
+        sizes_ok = check.positive_ints(n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size,
+                                       seq_len=seq_len, batch_size=batch_size, mlp_ratio=mlp_ratio)
+        check.choice("precision", precision, PRECISIONS)
+        check.choice("optimizer", optimizer, OPTIMIZERS)
+        if sizes_ok:
+            check.rule(d_model % n_heads == 0, f"d_model({d_model}) must be divisible by n_heads({n_heads}): "
+                       f"each head gets d_model / n_heads = {d_model / n_heads:g} channels")
     num_params = transformer_params(n_layers, d_model, vocab_size, seq_len, mlp_ratio, tied_embeddings)
     p, g, o = state_bytes_per_param(precision, optimizer)
     e = ACTIVATION_BYTES[precision]
@@ -116,16 +109,17 @@ def training_memory(n_layers: int, d_model: int, n_heads: int, vocab_size: int, 
 def max_params(memory_bytes: float, precision: str = "mixed", optimizer: str = "adam") -> int:
     """The most parameters whose states alone fit in `memory_bytes` (activations need more):
     80 GB / 16 bytes = 5e9 parameters with Adam in either precision."""
-    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, (int, float)) or \
-            not math.isfinite(memory_bytes) or memory_bytes <= 0:
-        raise ValueError(f"memory_bytes must be a finite number > 0, got memory_bytes={memory_bytes!r}")
+    with Checks("max_params") as check:
+        check.number("memory_bytes", memory_bytes, positive=True)
+        check.choice("precision", precision, PRECISIONS)
+        check.choice("optimizer", optimizer, OPTIMIZERS)
     return int(memory_bytes // sum(state_bytes_per_param(precision, optimizer)))
 
 
 def token_bytes(vocab_size: int) -> int:
     """Bytes of one stored token id: the smallest unsigned integer holding vocab_size ids
     (1 up to 256, 2 up to 65,536 (GPT-2's 50,257), else 4 (Llama 3's 128,256))."""
-    _positive_ints(vocab_size=vocab_size)
+    check_positive_ints("token_bytes", vocab_size=vocab_size)
     return 1 if vocab_size <= 2 ** 8 else 2 if vocab_size <= 2 ** 16 else 4
 
 
@@ -133,8 +127,6 @@ def dataset_bytes(num_tokens: float, bytes_per_token: float) -> float:
     """num_tokens · bytes_per_token: a corpus on disk, tokenized (`token_bytes`) or as text
     (about 4 characters of English, so ~4 bytes of UTF-8, per BPE token: OpenAI's
     tokenizer documentation)."""
-    bad = [f"{k}={v!r}" for k, v in (("num_tokens", num_tokens), ("bytes_per_token", bytes_per_token))
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
-    if bad:
-        raise ValueError(f"num_tokens and bytes_per_token must be finite numbers > 0, got {', '.join(bad)}")
+    with Checks("dataset_bytes") as check:
+        check.positive_numbers(num_tokens=num_tokens, bytes_per_token=bytes_per_token)
     return float(num_tokens) * bytes_per_token

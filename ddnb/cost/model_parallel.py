@@ -17,15 +17,13 @@ Taught in `notebooks/08_model_parallelism.ipynb`.
 """
 from __future__ import annotations
 
-from ddnb.cost.alpha_beta import _number   # a finite real number, not a bool
+from ddnb._checks import Checks, check_positive_ints, is_number
 
 
 def boundary_bytes(batch_size: int, seq_len: int, d_model: int, element_size: int = 4) -> int:
     """Bytes of one activation (B, T, d) crossing a stage boundary (and of its gradient)."""
-    vals = {"batch_size": batch_size, "seq_len": seq_len, "d_model": d_model, "element_size": element_size}
-    bad = [f"{k}={v!r}" for k, v in vals.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"sizes must be positive integers, got {', '.join(bad)}")
+    check_positive_ints("boundary_bytes", batch_size=batch_size, seq_len=seq_len, d_model=d_model,
+                        element_size=element_size)
     return batch_size * seq_len * d_model * element_size
 
 
@@ -33,11 +31,9 @@ def model_parallel_bytes(stages: int, activation_bytes: int) -> dict:
     """Bytes one naive model-parallel step sends: {"forward", "backward", "total"} over all
     ranks, and "per_rank": what each rank sends (rank r sends forward if r < p - 1 and
     backward if r > 0)."""
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be an integer >= 1, got {stages!r}")
-    if not (_number(activation_bytes) and activation_bytes >= 0):
-        raise ValueError(f"activation_bytes must be a number >= 0 and finite, "
-                         f"got activation_bytes={activation_bytes!r}")
+    with Checks("model_parallel_bytes") as check:
+        check.integer("stages", stages, min=1)
+        check.number("activation_bytes", activation_bytes, min=0)
     a = activation_bytes
     per_rank = [(a if r < stages - 1 else 0) + (a if r > 0 else 0) for r in range(stages)]
     return {"forward": (stages - 1) * a, "backward": (stages - 1) * a, "total": 2 * (stages - 1) * a,
@@ -48,7 +44,7 @@ def sequential_idle_fractions(stage_times) -> list[float]:
     """Idle fraction of each rank when stages with these compute times run one after
     another and messages are free: 1 - t_r / Σ t. Their mean is (p - 1)/p."""
     times = list(stage_times)
-    if not times or not all(_number(t) and t >= 0 for t in times) or sum(times) <= 0:
+    if not times or not all(is_number(t) and t >= 0 for t in times) or sum(times) <= 0:
         raise ValueError(f"stage_times must be finite numbers >= 0 with a positive sum, got stage_times={times}")
     times = [float(t) for t in times]
     total = sum(times)

@@ -22,22 +22,16 @@ Taught in `notebooks/09_pipeline_parallelism.ipynb`.
 """
 from __future__ import annotations
 
-import math
+from ddnb._checks import Checks, check_positive_ints, is_int
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
-
-
-def _positive_ints(**values) -> None:
-    bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"{', '.join(values)} must be positive integers, got {', '.join(bad)}")
 
 
 def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
     """(p - 1)/(m + p - 1): the fraction of a pipeline step each stage is idle, for p equal
     stages and m micro-batches (GPipe, Huang et al. 2019, Sec. 2.2). 0 for one stage;
     tends to 0 as m grows; (p - 1)/p for m = 1."""
-    _positive_ints(stages=stages, microbatches=microbatches)
+    check_positive_ints("pipeline_bubble_fraction", stages=stages, microbatches=microbatches)
     return (stages - 1) / (microbatches + stages - 1)
 
 
@@ -46,26 +40,35 @@ def interleaved_bubble_fraction(stages: int, microbatches: int, chunks: int) -> 
     is 1/v of a stage, so the fill and drain take (p - 1)/v stage-slots instead of p - 1:
     the bubble relative to the ideal time drops from (p - 1)/m to (p - 1)/(v·m)
     (Narayanan et al. 2021, Sec. 2.2.2). v = 1 is plain 1F1B."""
-    _positive_ints(stages=stages, microbatches=microbatches, chunks=chunks)
+    check_positive_ints("interleaved_bubble_fraction", stages=stages, microbatches=microbatches, chunks=chunks)
     return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 def model_parallel_idle_fraction(stages: int) -> float:
     """(p - 1)/p: the naive layer split (one batch, no micro-batches) keeps one of its p
     ranks busy at a time; the pipeline bubble with m = 1."""
-    _positive_ints(stages=stages)
+    check_positive_ints("model_parallel_idle_fraction", stages=stages)
     return pipeline_bubble_fraction(stages, 1)
 
 
 def pipeline_step_time(stages: int, microbatches: int, t_forward: float, t_backward: float) -> float:
     """(m + p - 1)(t_f + t_b): the time of one pipeline step when each stage takes t_f per
     micro-batch forward and t_b per backward and messages are free."""
-    _positive_ints(stages=stages, microbatches=microbatches)
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf
-               for t in (t_forward, t_backward)):
-        raise ValueError(f"t_forward and t_backward must be numbers >= 0 and finite, got t_forward={t_forward!r}, "
-                         f"t_backward={t_backward!r}")
+    with Checks("pipeline_step_time") as check:
+        check.positive_ints(stages=stages, microbatches=microbatches)
+        check.number("t_forward", t_forward, min=0)
+        check.number("t_backward", t_backward, min=0)
     return (microbatches + stages - 1) * (t_forward + t_backward)
+
+
+def _check_schedule(check: Checks, schedule, stages, microbatches, rank, chunks) -> None:
+    """A schedule of SCHEDULE_NAMES on `stages`, and `rank` one of its stages."""
+    check.choice("schedule", schedule, SCHEDULE_NAMES)
+    check.positive_ints(stages=stages, microbatches=microbatches, chunks=chunks)
+    if is_int(stages) and stages >= 1:
+        check.integer("rank", rank, min=0, max=stages - 1, why=f" (0 <= rank < stages({stages}))")
+    else:
+        check.integer("rank", rank, min=0)
 
 
 def peak_microbatches_in_flight(schedule: str, stages: int, microbatches: int, rank: int = 0,
@@ -76,11 +79,8 @@ def peak_microbatches_in_flight(schedule: str, stages: int, microbatches: int, r
     Interleaved (v = `chunks`): counted in (chunk, micro-batch) pairs, each 1/v of the
     stage's activations: the 2(p - rank - 1) + (v - 1)p warm-up forwards of Megatron-LM's
     schedule plus one, at most v·m."""
-    _positive_ints(stages=stages, microbatches=microbatches, chunks=chunks)
-    if schedule not in SCHEDULE_NAMES:
-        raise ValueError(f"schedule={schedule!r} is not one of {list(SCHEDULE_NAMES)}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < stages:
-        raise ValueError(f"rank must be an integer with 0 <= rank < stages({stages}), got rank={rank!r}")
+    with Checks("peak_microbatches_in_flight") as check:
+        _check_schedule(check, schedule, stages, microbatches, rank, chunks)
     if schedule == "interleaved" and chunks > 1:
         return min(2 * (stages - rank - 1) + (chunks - 1) * stages + 1, chunks * microbatches)
     return microbatches if schedule == "gpipe" else min(stages - rank, microbatches)
@@ -93,5 +93,7 @@ def pipeline_activation_bytes(schedule: str, stages: int, microbatches: int, byt
     Transformer of L/p layers, batch b, sequence s, width h, heads a that is about
     s·b·h·(34 + 5as/h) bytes per layer in 16-bit (Korthikanti et al. 2022, "Reducing
     Activation Recomputation in Large Transformer Models", Sec. 4.1, Eq. 1)."""
-    _positive_ints(bytes_per_microbatch=bytes_per_microbatch)
+    with Checks("pipeline_activation_bytes") as check:
+        _check_schedule(check, schedule, stages, microbatches, rank, chunks)
+        check.integer("bytes_per_microbatch", bytes_per_microbatch, min=1)
     return peak_microbatches_in_flight(schedule, stages, microbatches, rank, chunks) * bytes_per_microbatch

@@ -18,6 +18,7 @@ from ddnb.cost.transformer import training_flops, transformer_params
 # Vocabularies, as stated: BERT "a 30,000 token vocabulary" (WordPiece); GPT-2 50,257 (GPT-3 reuses its
 # tokenizer); Chinchilla a slightly modified SentencePiece tokenizer of Gopher's 32,000 (Rae et al. 2021);
 # LLaMA "32k tokens"; Llama 3 "a vocabulary with 128K tokens".
+# Deliberately repetitive: data, one dict of the same keys per published model (`duplicates` sees its shape twice).
 MODELS = [
     {"name": "AlexNet", "year": 2012, "params": 60e6, "data": 1.2e6, "data_unit": "images", "tokens": None, "vocab": None,
      "flops": None, "transformer": False,

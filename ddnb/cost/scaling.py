@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from ddnb._checks import Checks
 from ddnb.cost.alpha_beta import ALGORITHMS, allreduce_time
 
 
@@ -57,8 +58,9 @@ class Network(NamedTuple):
 
 def network(bandwidth_gbps: float, latency_us: float, name: str | None = None) -> Network:
     """Network(bandwidth_gbps Gb/s, latency_us us a message), validated."""
-    _positive("bandwidth_gbps", bandwidth_gbps)
-    _nonnegative("latency_us", latency_us)
+    with Checks("network") as check:
+        check.number("bandwidth_gbps", bandwidth_gbps, positive=True)
+        check.number("latency_us", latency_us, min=0)
     return Network(name or f"{bandwidth_gbps:g} Gb/s, {latency_us:g} us", bandwidth_gbps * 1e9, latency_us * 1e-6)
 
 
@@ -71,30 +73,17 @@ STEP_ALGORITHMS = ("ps_central", "ps_sharded", "tree", "ring", "halving_doubling
 
 
 # ---------------------------------------------------------------- validation
-def _number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+def _link(check: Checks, name: str, net) -> None:
+    """`net` a Network with a bandwidth > 0 and a latency >= 0."""
+    if check.rule(isinstance(net, Network), f"{name}={net!r}: need a ddnb.cost.scaling.Network (see network(...))"):
+        check.number(f"{name}.bandwidth", net.bandwidth, positive=True)
+        check.number(f"{name}.latency", net.latency, min=0)
 
 
-def _positive(name, value) -> None:
-    if not (_number(value) and value > 0):
-        raise ValueError(f"{name} must be a number > 0, got {name}={value!r}")
-
-
-def _nonnegative(name, value) -> None:
-    if not (_number(value) and value >= 0):
-        raise ValueError(f"{name} must be a number >= 0, got {name}={value!r}")
-
-
-def _count(name, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}")
-
-
-def _link(name, net) -> None:
-    if not isinstance(net, Network):
-        raise ValueError(f"{name} must be a ddnb.cost.scaling.Network (see network(...)), got {net!r}")
-    _positive(f"{name}.bandwidth", net.bandwidth)
-    _nonnegative(f"{name}.latency", net.latency)
+def _link_costs(check: Checks, **values) -> None:
+    """Each of alpha, beta, gamma (seconds per message / per byte) a number >= 0."""
+    for name, v in values.items():
+        check.number(name, v, min=0)
 
 
 # ---------------------------------------------------------------- the schemes
@@ -108,11 +97,10 @@ def parameter_server_time(nbytes: float, workers: int, alpha: float, beta: float
     2k alpha + 2 S beta in all; the step waits for the slower of the two links.
     servers=1 is the central server: 2N(alpha + S beta) + N S gamma, its link carrying
     2 N S bytes (`ddnb.parameter_server.sharded.bytes_per_step`)."""
-    _nonnegative("nbytes", nbytes)
-    _count("workers", workers)
-    _count("servers", servers)
-    for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        _nonnegative(name, v)
+    with Checks("parameter_server_time") as check:
+        check.number("nbytes", nbytes, min=0)
+        check.positive_ints(workers=workers, servers=servers)
+        _link_costs(check, alpha=alpha, beta=beta, gamma=gamma)
     n, k, s = workers, servers, float(nbytes)
     server_link = 2 * n * (alpha + s / k * beta) + n * s / k * gamma
     worker_link = 2 * k * alpha + 2 * s * beta
@@ -133,15 +121,16 @@ def hierarchical_allreduce_time(nbytes: float, workers: int, per_node: int, intr
     broadcast back), Jia et al. 2018 (their "hierarchical all-reduce"), NCCL's
     trees/rings across nodes. One node (m = 1): the flat ring on `intra`; one worker per
     node (g = 1): the flat `inter_algorithm` on `inter`."""
-    _nonnegative("nbytes", nbytes)
-    _count("workers", workers)
-    _count("per_node", per_node)
-    _link("intra", intra)
-    _link("inter", inter)
-    _nonnegative("gamma", gamma)
-    if workers % per_node:
-        raise ValueError(f"workers={workers} is not a whole number of nodes of per_node={per_node} "
-                         f"(need workers % per_node == 0, got remainder {workers % per_node})")
+    with Checks("hierarchical_allreduce_time") as check:
+        check.number("nbytes", nbytes, min=0)
+        if check.positive_ints(workers=workers, per_node=per_node):
+            check.rule(workers % per_node == 0, f"workers={workers} is not a whole number of nodes of "
+                       f"per_node={per_node} (need workers % per_node == 0, got remainder {workers % per_node})")
+        _link(check, "intra", intra)
+        _link(check, "inter", inter)
+        check.number("gamma", gamma, min=0)
+        check.rule(inter_algorithm in ALGORITHMS,
+                   f"unknown inter_algorithm {inter_algorithm!r}; known: {', '.join(ALGORITHMS)}")
     return _two_level(float(nbytes), per_node, workers // per_node, intra.alpha, intra.beta, inter.alpha,
                       inter.beta, gamma, inter_algorithm)
 
@@ -158,10 +147,10 @@ def _two_level(s: float, g: int, m: int, a_in: float, b_in: float, a_out: float,
 def grid_shape(workers: int) -> tuple[int, int]:
     """(rows, cols) of the squarest power-of-two grid of `workers` (a power of two):
     rows = 2^floor(k/2), cols = 2^ceil(k/2) for workers = 2^k (8 -> (2, 4), 4096 -> (64, 64))."""
-    _count("workers", workers)
-    if workers & (workers - 1):
-        raise ValueError(f"workers={workers} is not a power of two: a 2D grid needs one here "
-                         f"(pass rows and cols with rows * cols == workers to torus2d_allreduce_time)")
+    with Checks("grid_shape") as check:
+        if check.integer("workers", workers, min=1):
+            check.rule(workers & (workers - 1) == 0, f"workers={workers} is not a power of two: a 2D grid needs "
+                       f"one here (pass rows and cols with rows * cols == workers to torus2d_allreduce_time)")
     k = workers.bit_length() - 1
     return 1 << (k // 2), 1 << (k - k // 2)
 
@@ -175,20 +164,20 @@ def torus2d_allreduce_time(nbytes: float, rows: int, cols: int, alpha: float, be
         2(cols-1) alpha + 2(rows-1) alpha  +  2(p-1)/p S beta  +  (p-1)/p S gamma,  p = rows cols
 
     the ring's bytes with 2(rows + cols - 2) messages instead of 2(p-1): about 4 sqrt(p)."""
-    _nonnegative("nbytes", nbytes)
-    _count("rows", rows)
-    _count("cols", cols)
-    for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        _nonnegative(name, v)
+    with Checks("torus2d_allreduce_time") as check:
+        check.number("nbytes", nbytes, min=0)
+        check.positive_ints(rows=rows, cols=cols)
+        _link_costs(check, alpha=alpha, beta=beta, gamma=gamma)
     return _two_level(float(nbytes), cols, rows, alpha, beta, alpha, beta, gamma)
 
 
 def ring_latency_takeover(nbytes: float, alpha: float, beta: float) -> int:
     """Smallest N >= 2 at which the ring's latency term 2(N-1) alpha is at least its
     bandwidth term 2(N-1)/N n beta, i.e. N >= n beta / alpha."""
-    _nonnegative("nbytes", nbytes)
-    _positive("alpha", alpha)
-    _nonnegative("beta", beta)
+    with Checks("ring_latency_takeover") as check:
+        check.number("nbytes", nbytes, min=0)
+        check.number("alpha", alpha, positive=True)
+        check.number("beta", beta, min=0)
     return max(2, math.ceil(nbytes * beta / alpha * (1 - 1e-12)))
 
 
@@ -202,23 +191,20 @@ def communication_time(algorithm: str, num_params: float, workers: int, net: Net
     all-reduces (None: one). servers: for ps_sharded. per_node, intra, inter_algorithm:
     for hierarchical (one node when workers <= per_node; otherwise workers must be a
     multiple of it; `net` is then the network between nodes)."""
-    if algorithm not in STEP_ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(STEP_ALGORITHMS)}")
-    _positive("num_params", num_params)
-    _positive("bytes_per_param", bytes_per_param)
-    _count("workers", workers)
-    _link("net", net)
-    _nonnegative("gamma", gamma)
-    _count("servers", servers)          # checked whatever the algorithm: a bad value is never ignored
-    _count("per_node", per_node)
-    _link("intra", intra)
-    if inter_algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown inter_algorithm {inter_algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    with Checks("communication_time") as check:
+        check.rule(algorithm in STEP_ALGORITHMS,
+                   f"unknown algorithm {algorithm!r}; known: {', '.join(STEP_ALGORITHMS)}")
+        check.positive_numbers(num_params=num_params, bytes_per_param=bytes_per_param)
+        check.number("bucket_bytes", bucket_bytes, positive=True, none=True)
+        # servers and per_node are checked whatever the algorithm: a bad value is never ignored
+        check.positive_ints(workers=workers, servers=servers, per_node=per_node)
+        _link(check, "net", net)
+        _link(check, "intra", intra)
+        check.number("gamma", gamma, min=0)
+        check.rule(inter_algorithm in ALGORITHMS,
+                   f"unknown inter_algorithm {inter_algorithm!r}; known: {', '.join(ALGORITHMS)}")
     s = num_params * bytes_per_param
-    buckets = 1
-    if bucket_bytes is not None:
-        _positive("bucket_bytes", bucket_bytes)
-        buckets = math.ceil(s / bucket_bytes)
+    buckets = 1 if bucket_bytes is None else math.ceil(s / bucket_bytes)
     n = s / buckets
     a, b = net.alpha, net.beta
     if algorithm in ("ps_central", "ps_sharded"):
@@ -238,7 +224,8 @@ def step_time(algorithm: str, num_params: float, workers: int, compute_time: flo
               overlap: bool = False, **kwargs) -> float:
     """Seconds of one weak-scaling step: compute_time + communication_time(...), or their
     max with overlap=True (communication hidden behind backward, the best case)."""
-    _nonnegative("compute_time", compute_time)
+    with Checks("step_time") as check:
+        check.number("compute_time", compute_time, min=0)
     comm = communication_time(algorithm, num_params, workers, net, **kwargs)
     return max(compute_time, comm) if overlap else compute_time + comm
 
@@ -246,10 +233,9 @@ def step_time(algorithm: str, num_params: float, workers: int, compute_time: flo
 def compute_time(flops_per_step: float, peak_flops: float, utilization: float = 0.4) -> float:
     """Seconds of compute per step on one worker: flops / (peak x utilization). For a
     transformer, flops ~ 6 x parameters x tokens (Kaplan et al. 2020, Section 2.1)."""
-    _positive("flops_per_step", flops_per_step)
-    _positive("peak_flops", peak_flops)
-    if not (_number(utilization) and 0 < utilization <= 1):
-        raise ValueError(f"utilization must be in (0, 1], got utilization={utilization!r}")
+    with Checks("compute_time") as check:
+        check.positive_numbers(flops_per_step=flops_per_step, peak_flops=peak_flops)
+        check.number("utilization", utilization, positive=True, max=1)
     return flops_per_step / (peak_flops * utilization)
 
 
@@ -261,7 +247,8 @@ def step_times(algorithms, workers, num_params: float, compute_time: float, net:
 
 def efficiency(times: dict[int, float], compute_time: float) -> dict[int, float]:
     """{N: T(1) / T(N)} for weak scaling, with T(1) = compute_time (one worker talks to no one)."""
-    _positive("compute_time", compute_time)
+    with Checks("efficiency") as check:
+        check.number("compute_time", compute_time, positive=True)
     return {n: compute_time / t for n, t in times.items()}
 
 

@@ -26,34 +26,16 @@ Taught in `notebooks/01_why_distributed.ipynb`.
 """
 from __future__ import annotations
 
-import math
+from ddnb._checks import Checks, check_positive_ints
 
 SECONDS_PER_DAY = 86_400
-
-
-def _positive_ints(**values) -> None:
-    bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"{', '.join(values)} must be positive integers, got {', '.join(bad)}")
-
-
-def _positive_numbers(**values) -> None:
-    bad = [f"{k}={v!r}" for k, v in values.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
-    if bad:
-        raise ValueError(f"{', '.join(values)} must be finite numbers > 0, got {', '.join(bad)}")
-
-
-def _fraction(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be a number with 0 < {name} <= 1, got {name}={value!r}")
 
 
 def block_params(d_model: int, mlp_ratio: int = 4) -> int:
     """Parameters of one pre-LayerNorm block: (4 + 2r)·d² weights and (9 + r)·d biases and
     LayerNorm gains/shifts (qkv 3d²+3d, attention projection d²+d, MLP r·d²+r·d and
     r·d²+d, two LayerNorms 2d each). r = 4: 12·d² + 13·d (Kaplan et al. 2020, Table 1)."""
-    _positive_ints(d_model=d_model, mlp_ratio=mlp_ratio)
+    check_positive_ints("block_params", d_model=d_model, mlp_ratio=mlp_ratio)
     return (4 + 2 * mlp_ratio) * d_model ** 2 + (9 + mlp_ratio) * d_model
 
 
@@ -64,7 +46,8 @@ def transformer_params(n_layers: int, d_model: int, vocab_size: int, seq_len: in
     unless `tied_embeddings` (GPT-2/GPT-3 reuse the token embedding; `ddnb.models.gpt` does
     not, so pass tied_embeddings=False to count it). GPT-3's configuration
     (96, 12288, 50257, 2048) gives 174.6e9 ≈ 175e9 (Brown et al. 2020, Table 2.1)."""
-    _positive_ints(n_layers=n_layers, d_model=d_model, vocab_size=vocab_size, seq_len=seq_len, mlp_ratio=mlp_ratio)
+    check_positive_ints("transformer_params", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
+                        seq_len=seq_len, mlp_ratio=mlp_ratio)
     embeddings = (vocab_size + seq_len) * d_model
     head = 2 * d_model + (0 if tied_embeddings else vocab_size * d_model)
     return n_layers * block_params(d_model, mlp_ratio) + embeddings + head
@@ -74,14 +57,16 @@ def training_flops(num_params: float, num_tokens: float) -> float:
     """C ≈ 6·N·D: FLOPs to train N parameters on D tokens, 2·N per token forward and 4·N
     backward (Kaplan et al. 2020, Sec. 2.1; Hoffmann et al. 2022, "Chinchilla", Sec. 3).
     GPT-3: 6 · 175e9 · 300e9 = 3.15e23 (the paper states 3.14e23)."""
-    _positive_numbers(num_params=num_params, num_tokens=num_tokens)
+    with Checks("training_flops") as check:
+        check.positive_numbers(num_params=num_params, num_tokens=num_tokens)
     return 6.0 * num_params * num_tokens
 
 
 def matmul_params(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: int = 4) -> int:
     """The weights that multiply activations: (4 + 2r)·d² per block and the output
     projection V·d (embedding lookups, biases and LayerNorms cost no matmul FLOPs)."""
-    _positive_ints(n_layers=n_layers, d_model=d_model, vocab_size=vocab_size, mlp_ratio=mlp_ratio)
+    check_positive_ints("matmul_params", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
+                        mlp_ratio=mlp_ratio)
     return n_layers * (4 + 2 * mlp_ratio) * d_model ** 2 + vocab_size * d_model
 
 
@@ -89,20 +74,23 @@ def flops_per_token(n_layers: int, d_model: int, vocab_size: int, seq_len: int, 
     """Model FLOPs of one training token (forward + backward): 6·N + 12·L·T·d, with N the
     matmul weights (`matmul_params`) and 12·L·T·d for QKᵀ and AV over T positions, forward
     and backward (Chowdhery et al. 2022, "PaLM", Appendix B, with heads·head size = d)."""
-    _positive_ints(n_layers=n_layers, d_model=d_model, vocab_size=vocab_size, seq_len=seq_len, mlp_ratio=mlp_ratio)
+    check_positive_ints("flops_per_token", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
+                        seq_len=seq_len, mlp_ratio=mlp_ratio)
     return 6 * matmul_params(n_layers, d_model, vocab_size, mlp_ratio) + 12 * n_layers * seq_len * d_model
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
     """2·m·k·n: FLOPs of (m, k) @ (k, n), one multiply and one add per term."""
-    _positive_ints(m=m, k=k, n=n)
+    check_positive_ints("matmul_flops", m=m, k=k, n=n)
     return 2 * m * k * n
 
 
 def model_flops_utilization(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:
     """MFU = tokens/s · model FLOPs per token / peak FLOP/s of the device (Chowdhery et al.
     2022, Sec. 4.1). 1 would be every cycle spent on the model's own arithmetic."""
-    _positive_numbers(tokens_per_second=tokens_per_second, flops_per_token=flops_per_token, peak_flops=peak_flops)
+    with Checks("model_flops_utilization") as check:
+        check.positive_numbers(tokens_per_second=tokens_per_second, flops_per_token=flops_per_token,
+                               peak_flops=peak_flops)
     return tokens_per_second * flops_per_token / peak_flops
 
 
@@ -117,8 +105,9 @@ def training_days(total_flops: float, peak_flops: float, n_devices: int = 1, mfu
     on one, about 32 on 1024 at 90% efficiency. Narayanan et al. 2021 ("Efficient
     Large-Scale Language Model Training on GPU Clusters", Sec. 5.1) estimate 34 days on 1024
     A100s at 140 TFLOP/s each (45% of peak)."""
-    _positive_numbers(total_flops=total_flops, peak_flops=peak_flops)
-    _positive_ints(n_devices=n_devices)
-    _fraction("mfu", mfu)
-    _fraction("scaling_efficiency", scaling_efficiency)
+    with Checks("training_days") as check:
+        check.positive_numbers(total_flops=total_flops, peak_flops=peak_flops)
+        check.integer("n_devices", n_devices, min=1)
+        check.number("mfu", mfu, positive=True, max=1)
+        check.number("scaling_efficiency", scaling_efficiency, positive=True, max=1)
     return total_flops / (n_devices * scaling_efficiency * mfu * peak_flops) / SECONDS_PER_DAY

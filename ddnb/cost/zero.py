@@ -28,26 +28,19 @@ twice (forward and backward), 1.5x. Taught in `notebooks/11_memory_sharding.ipyn
 """
 from __future__ import annotations
 
-import math
-import numbers
+from ddnb._checks import Checks, is_int
 
 STAGES = (0, 1, 2, 3)
 
 
-def _validate(num_params, world_size, stage, k, param_bytes, grad_bytes) -> None:
-    bad = []
-    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or not 0 < num_params < math.inf:
-        bad.append(f"num_params must be a number > 0, got num_params={num_params!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
-        bad.append(f"world_size must be an integer >= 1, got world_size={world_size!r}")
-    if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or stage not in STAGES:
-        bad.append(f"stage must be one of {list(STAGES)} (0: plain data parallel, 1: optimizer state, "
-                   f"2: + gradients, 3: + parameters sharded), got stage={stage!r}")
-    for name, v in (("k", k), ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
-            bad.append(f"{name} must be a number of bytes per parameter >= 0, got {name}={v!r}")
-    if bad:
-        raise ValueError("; ".join(bad))
+def _validate(where: str, num_params, world_size, stage, k, param_bytes, grad_bytes) -> None:
+    with Checks(where) as check:
+        check.number("num_params", num_params, positive=True)
+        check.integer("world_size", world_size, min=1)
+        check.rule(is_int(stage) and stage in STAGES, f"stage={stage!r}: need one of {list(STAGES)} (0: plain "
+                   f"data parallel, 1: optimizer state, 2: + gradients, 3: + parameters sharded)")
+        for name, v in (("k", k), ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
+            check.number(name, v, min=0, why=" (bytes per parameter)")
 
 
 def zero_memory_parts(num_params, world_size: int, stage: int, k: float = 12, param_bytes: float = 2,
@@ -55,7 +48,7 @@ def zero_memory_parts(num_params, world_size: int, stage: int, k: float = 12, pa
     """{"parameters", "gradients", "optimizer"}: bytes of each model state on one device
     under ZeRO `stage` (Rajbhandari et al. 2020, Sec. 5, Figure 1). Stage s divides the
     optimizer state by N from s >= 1, the gradients from s >= 2, the parameters at s = 3."""
-    _validate(num_params, world_size, stage, k, param_bytes, grad_bytes)
+    _validate("zero_memory_parts", num_params, world_size, stage, k, param_bytes, grad_bytes)
     n, psi = world_size, num_params
     return {"parameters": param_bytes * psi / (n if stage >= 3 else 1),
             "gradients": grad_bytes * psi / (n if stage >= 2 else 1),
@@ -68,6 +61,7 @@ def zero_memory(num_params, world_size: int, stage: int, k: float = 12, param_by
     ZeRO `stage` 0-3 with mixed-precision Adam: (2 + 2 + K)Ψ, 4Ψ + KΨ/N, 2Ψ + (2 + K)Ψ/N,
     (2 + 2 + K)Ψ/N (Rajbhandari et al. 2020, Sec. 5, Figure 1). Activations, temporary
     buffers and fragmentation (the paper's "residual states", Sec. 3.2) are not included."""
+    _validate("zero_memory", num_params, world_size, stage, k, param_bytes, grad_bytes)
     return sum(zero_memory_parts(num_params, world_size, stage, k, param_bytes, grad_bytes).values())
 
 
@@ -81,7 +75,7 @@ def zero_comm_bytes(num_params, world_size: int, stage: int, param_bytes: float 
 
     The paper writes f ≈ 1 (2Ψ, 2Ψ, 3Ψ elements). ddnb's flat buffers are padded to a
     multiple of N (`ddnb.sharding.flat`): pass their padded size N·S to get its count exactly."""
-    _validate(num_params, world_size, stage, 0, param_bytes, grad_bytes)
+    _validate("zero_comm_bytes", num_params, world_size, stage, 0, param_bytes, grad_bytes)
     f = (world_size - 1) / world_size
     if stage == 0:
         return 2 * f * num_params * grad_bytes

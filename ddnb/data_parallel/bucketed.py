@@ -51,7 +51,6 @@ behind backward. Taught in `notebooks/06_data_parallelism.ipynb`.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks
 from ddnb.data_parallel.naive import TORCH, allreduce_fn, grad_norms, validate_allreduce
 from ddnb.data_parallel.replicate import check_replicas, replicate
 from ddnb.emulate.clock import current, stamp   # stamp: time.time(), or the emulated time
@@ -67,12 +67,6 @@ from ddnb.trace import Tracer, get_tracer
 
 MB = 1 << 20
 FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-
-
-def _validate_mb(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r}: a bucket size must be a finite number of megabytes > 0")
-    return float(value)
 
 
 def assign_buckets(nbytes: list[int], dtypes: list, bucket_bytes: int, first_bucket_bytes: int | None = None
@@ -117,13 +111,15 @@ class BucketedDataParallel(nn.Module):
                  tracer: Tracer | None = None, broadcast: bool = True, find_unused_parameters: bool = False,
                  first_bucket_mb: float | None = FIRST_BUCKET_MB, record_grad_norms: bool = False):
         super().__init__()
-        bucket_mb = _validate_mb("bucket_mb", bucket_mb)
-        first_mb = bucket_mb if first_bucket_mb is None else min(_validate_mb("first_bucket_mb", first_bucket_mb),
-                                                                 bucket_mb)
-        validate_allreduce(allreduce)
-        if current() is not None and allreduce != TORCH:
-            raise ValueError(f"allreduce={allreduce!r} in an emulated cluster: ddnb's algorithms run on a background "
-                             "thread here, which the emulator does not pace; use allreduce='torch'")
+        with Checks("BucketedDataParallel") as check:
+            check.number("bucket_mb", bucket_mb, positive=True, why=" (megabytes)")
+            check.number("first_bucket_mb", first_bucket_mb, positive=True, none=True, why=" (megabytes)")
+            validate_allreduce(allreduce, check)
+            check.rule(current() is None or allreduce == TORCH,
+                       f"allreduce={allreduce!r} in an emulated cluster: ddnb's algorithms run on a background "
+                       "thread here, which the emulator does not pace; use allreduce='torch'")
+        bucket_mb = float(bucket_mb)
+        first_mb = bucket_mb if first_bucket_mb is None else min(float(first_bucket_mb), bucket_mb)
         self.module, self.group, self.allreduce, self.tracer = module, group, allreduce, tracer
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters, self.record_grad_norms = find_unused_parameters, record_grad_norms

@@ -33,6 +33,8 @@ import re
 import shutil
 from pathlib import Path
 
+from ddnb._checks import Checks
+
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
@@ -94,8 +96,10 @@ def save_checkpoint(directory, step: int, shared: dict, own: dict, rank: int, ba
     random generators). `barrier()` waits for every rank. Returns the checkpoint folder."""
     import torch
 
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+    with Checks("save_checkpoint") as check:
+        check.integer("step", step, min=0)
+        check.integer("rank", rank, min=0)
+        check.integer("keep", keep, min=1)
     final = step_dir(directory, step)
     partial = final.with_name(final.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)

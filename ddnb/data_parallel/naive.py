@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks
 from ddnb.data_parallel.replicate import check_replicas, replicate
 from ddnb.trace import Tracer, get_tracer
 
@@ -62,10 +63,12 @@ def allreduce_fn(name: str, group=None, tracer: Tracer | None = None):
     return lambda t: fn(t, op="sum", group=group, tracer=tracer, check=False)
 
 
-def validate_allreduce(name) -> None:
-    names = allreduce_names()
-    if name not in names:
-        raise ValueError(f"allreduce={name!r} is not one of {list(names)}")
+def validate_allreduce(name, check: Checks | None = None) -> None:
+    """`name` one of allreduce_names(): added to `check`, else raised."""
+    c = check or Checks()
+    c.choice("allreduce", name, allreduce_names())
+    if check is None:
+        c.done()
 
 
 def grad_norms(params) -> list[float]:

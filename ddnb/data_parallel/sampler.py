@@ -25,33 +25,37 @@ import math
 import torch
 from torch.utils.data import Sampler
 
+from ddnb._checks import Checks, is_int
+
 
 SEEDS = (-2 ** 63, 2 ** 63)   # seed and epoch ranges whose sum torch.Generator.manual_seed takes
 EPOCHS = (0, 2 ** 63)
 
 
-def _validate(num_items, num_replicas, rank, seed, shuffle=True, drop_last=False) -> None:
-    for name, value in (("num_items", num_items), ("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"ShardSampler: {name} must be an int, got {value!r}")
-    for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-        if not isinstance(value, bool):
-            raise TypeError(f"ShardSampler: {name} must be True or False, got {value!r}")
-    if not SEEDS[0] <= seed < SEEDS[1]:
-        raise ValueError(f"ShardSampler: seed={seed} is not in [-2**63, 2**63)")
-    if num_replicas < 1:
-        raise ValueError(f"ShardSampler: num_replicas={num_replicas}, need num_replicas >= 1")
-    if num_replicas > num_items:
-        raise ValueError(f"ShardSampler: num_replicas={num_replicas} > num_items={num_items}: every rank needs "
-                         f"at least one item per epoch (rule: num_replicas <= len(dataset))")
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"ShardSampler: rank={rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas})")
+def _validate(num_items, num_replicas, rank, seed, shuffle=True, drop_last=False, where="ShardSampler") -> None:
+    """One TypeError naming every argument of the wrong type, else one ValueError naming
+    every value that breaks a rule."""
+    with Checks(where, TypeError) as types:
+        for name, value in (("num_items", num_items), ("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
+            types.rule(is_int(value), f"{name}={value!r}: need an int")
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            types.rule(isinstance(value, bool), f"{name}={value!r}: need True or False")
+    with Checks(where) as check:
+        check.rule(SEEDS[0] <= seed < SEEDS[1], f"seed={seed} is not in [-2**63, 2**63)")
+        if check.integer("num_replicas", num_replicas, min=1):
+            check.rule(num_replicas <= num_items, f"num_replicas={num_replicas} > num_items={num_items}: every "
+                       f"rank needs at least one item per epoch (rule: num_replicas <= len(dataset))")
+            check.rule(0 <= rank < num_replicas,
+                       f"rank={rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas})")
 
 
 def _check_epoch(epoch, where: str = "ShardSampler") -> None:
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not EPOCHS[0] <= epoch < EPOCHS[1]:
-        raise (ValueError if isinstance(epoch, int) and not isinstance(epoch, bool) else TypeError)(
-            f"{where}: epoch must be an int in [0, 2**63), got epoch={epoch!r}")
+    """TypeError if epoch is not an int, ValueError if it is outside [0, 2**63)."""
+    problem = f"{where}: epoch={epoch!r}: need an int in [0, 2**63)"
+    if not is_int(epoch):
+        raise TypeError(problem)
+    if not EPOCHS[0] <= epoch < EPOCHS[1]:
+        raise ValueError(problem)
 
 
 def shard_size(num_items: int, num_replicas: int, drop_last: bool = False) -> int:
@@ -63,7 +67,7 @@ def shard_indices(num_items: int, num_replicas: int, rank: int, epoch: int = 0, 
                   shuffle: bool = True, drop_last: bool = False) -> list[int]:
     """The dataset indices rank `rank` of `num_replicas` reads in `epoch` (see the module
     docstring). Pure: the same arguments give the same list on every rank."""
-    _validate(num_items, num_replicas, rank, seed, shuffle, drop_last)
+    _validate(num_items, num_replicas, rank, seed, shuffle, drop_last, where="shard_indices")
     _check_epoch(epoch, "shard_indices")
     if shuffle:
         g = torch.Generator()
@@ -151,10 +155,9 @@ class ShardSampler(Sampler):
                              "; ".join(wrong) + ")")
         epoch, start = state["epoch"], state["start"]
         _check_epoch(epoch, "ShardSampler.load_state_dict")
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"ShardSampler.load_state_dict: start must be an integer >= 0, got {start!r}")
-        if start > len(self):
-            raise ValueError(f"ShardSampler.load_state_dict: start={start} is past the shard's {len(self)} items")
+        with Checks("ShardSampler.load_state_dict") as check:
+            if check.integer("start", start, min=0):
+                check.rule(start <= len(self), f"start={start} is past the shard's {len(self)} items")
         self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:

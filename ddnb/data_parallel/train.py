@@ -18,26 +18,24 @@ from __future__ import annotations
 import shutil
 import time
 
+from ddnb._checks import Checks
+
 STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
 
 
 def check_args(strategy: str, steps: int, per_rank: int, lr: float, hidden: int = 128, layers: int = 1,
-               dropout: float = 0.0, checkpoint_dir=None, checkpoint_every=None, keep: int = 2) -> None:
-    """Bad arguments fail here, on every rank alike, before any collective."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES}")
-    for name, v in (("steps", steps), ("per_rank", per_rank), ("hidden", hidden), ("layers", layers), ("keep", keep)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-    if checkpoint_every is not None:
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be an integer >= 1 (steps), got {checkpoint_every!r}")
-        if checkpoint_dir is None:
-            raise ValueError("checkpoint_every needs checkpoint_dir: a folder every rank can read and write")
+               dropout: float = 0.0, checkpoint_dir=None, checkpoint_every=None, keep: int = 2,
+               where: str = "train_digits") -> None:
+    """Bad arguments fail here, on every rank alike, before any collective: one ValueError
+    naming each."""
+    with Checks(where) as check:
+        check.choice("strategy", strategy, STRATEGIES)
+        check.positive_ints(steps=steps, per_rank=per_rank, hidden=hidden, layers=layers, keep=keep)
+        check.number("lr", lr, positive=True)
+        check.number("dropout", dropout, min=0, below=1, why=" (a probability)")
+        check.integer("checkpoint_every", checkpoint_every, min=1, none=True, why=" (steps)")
+        check.rule(checkpoint_every is None or checkpoint_dir is not None,
+                   "checkpoint_every needs checkpoint_dir: a folder every rank can read and write")
 
 
 def _rank_and_size(strategy: str) -> tuple[int, int]:
@@ -211,7 +209,7 @@ def reference_digits(workers: int, steps: int = 10, per_rank: int = 32, lr: floa
     from ddnb.data_parallel import shard_indices
     from ddnb.models import accuracy, flat_params, mlp
 
-    check_args("ddp", steps, per_rank, lr, hidden, layers)
+    check_args("ddp", steps, per_rank, lr, hidden, layers, where="reference_digits")
     train_set, test_set = digits(seed=0)
     model = mlp((64,) + (hidden,) * layers + (10,), seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)

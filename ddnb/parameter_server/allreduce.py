@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddnb._checks import Checks
 from ddnb.data import Dataset
 from ddnb.models import flat_params
 from ddnb.parameter_server.worker import forward_backward, worker_batch
@@ -40,11 +41,11 @@ def train_allreduce(config, model_fn, dataset, loss_fn=None, tracer: Tracer | No
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
     config.validate(world_size)
-    if config.mode != "bsp" or config.colocated:
-        raise ValueError(f"an all-reduce is synchronous and has no servers: need mode='bsp' and colocated=False, "
-                         f"got mode={config.mode!r}, colocated={config.colocated}")
-    if algorithm not in ALLREDUCES:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {sorted(ALLREDUCES)}")
+    with Checks("train_allreduce") as check:
+        check.rule(config.mode == "bsp" and not config.colocated, f"an all-reduce is synchronous and has no "
+                   f"servers: need mode='bsp' and colocated=False, got mode={config.mode!r}, "
+                   f"colocated={config.colocated}")
+        check.choice("algorithm", algorithm, ALLREDUCES)
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(*dataset)
     loss_fn = loss_fn or F.cross_entropy
     workers = config.worker_ranks(world_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddnb._checks import Checks, is_int
 from ddnb.parameter_server.consistency import MODES
 from ddnb.parameter_server.sharded import BY
 
@@ -33,6 +34,7 @@ class PSConfig:
                     real, mid-step, after pulling: run it with `cluster.run_surviving`)
     checkpoint_to, restore_from   path prefix: servers save their state at the end / start from it
     """
+    # Typed fields with defaults, as GPTConfig's (ddnb/models.py): alike in shape only.
     servers: int | None = None
     mode: str = "bsp"
     staleness: int = 0
@@ -62,55 +64,42 @@ class PSConfig:
 
     def validate(self, world_size: int) -> "PSConfig":
         """Raise ValueError listing every rule broken (with the values), else return self."""
-        n, k, bad = world_size, self.num_servers(world_size), []
-        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        if self.mode not in MODES:
-            bad.append(f"mode={self.mode!r} is not one of {MODES}")
-        if not is_int(k) or k < 1:
-            bad.append(f"servers={k!r}: need an integer >= 1")
-        elif self.colocated and k != n:
-            bad.append(f"colocated=True makes every rank a server (servers=world_size={n}), got servers={k}")
-        elif k > n:
-            bad.append(f"servers={k} > world_size={n}: more servers than ranks")
-        elif not self.colocated and n - k < 1:
-            bad.append(f"servers={k} of world_size={n} leaves no worker (ranks 0..{k - 1} are servers, workers "
-                       f"are ranks {k}..{n - 1}): need servers <= world_size - 1 = {n - 1}, or colocated=True")
-        if self.colocated and self.mode != "bsp":
-            bad.append(f"colocated=True needs mode='bsp', got mode={self.mode!r}: each step of the co-located "
-                       f"exchange is a lock-step all-gather and reduce-scatter; serving a shard while computing "
-                       f"(asp/ssp) would need a server thread on every rank")
-        if not is_int(self.staleness) or self.staleness < 0:
-            bad.append(f"staleness={self.staleness!r}: need an integer >= 0")
-        elif self.staleness and self.mode != "ssp":
-            bad.append(f"staleness={self.staleness} is only used by mode='ssp', got mode={self.mode!r}")
-        for name in ("steps", "batch_size"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                bad.append(f"{name}={getattr(self, name)!r}: need an integer >= 1")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            bad.append(f"lr={self.lr!r}: need a number > 0")
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
-            bad.append(f"momentum={self.momentum!r}: need 0 <= momentum < 1")
-        if self.shard_by not in BY:
-            bad.append(f"shard_by={self.shard_by!r} is not one of {BY}")
-        if not (isinstance(self.worker_timeout, (int, float)) and self.worker_timeout > 0):
-            bad.append(f"worker_timeout={self.worker_timeout!r}: need a number of seconds > 0")
-        workers = self.worker_ranks(n) if is_int(k) and 1 <= k <= n else []
-        for name in ("straggler_rank", "fail_rank"):
-            r = getattr(self, name)
-            if r is not None and r not in workers:
-                bad.append(f"{name}={r!r} is not a worker rank (workers: {workers})")
-        if not (isinstance(self.straggler_delay, (int, float)) and self.straggler_delay >= 0):
-            bad.append(f"straggler_delay={self.straggler_delay!r}: need a number of seconds >= 0")
-        elif isinstance(self.worker_timeout, (int, float)) and self.straggler_delay >= self.worker_timeout:
-            bad.append(f"straggler_delay={self.straggler_delay} >= worker_timeout={self.worker_timeout}: the "
-                       f"straggler would be declared lost; make worker_timeout larger")
-        if self.fail_how not in FAIL_HOWS:
-            bad.append(f"fail_how={self.fail_how!r} is not one of {FAIL_HOWS}")
-        elif self.fail_how == "exit" and self.colocated:
-            bad.append("fail_how='exit' with colocated=True: a co-located rank is also a server; its death "
-                       "takes its shard with it, so nothing can go on")
-        if not is_int(self.fail_after_steps) or not (0 <= self.fail_after_steps < max(self.steps, 1)):
-            bad.append(f"fail_after_steps={self.fail_after_steps!r}: need 0 <= fail_after_steps < steps={self.steps}")
-        if bad:
-            raise ValueError(f"invalid PSConfig for world_size={n}: " + "; ".join(bad))
+        n, k = world_size, self.num_servers(world_size)
+        with Checks(f"invalid PSConfig for world_size={n}") as check:
+            check.choice("mode", self.mode, MODES)
+            if check.integer("servers", k, min=1):
+                if self.colocated:
+                    check.rule(k == n, f"colocated=True makes every rank a server (servers=world_size={n}), "
+                                       f"got servers={k}")
+                elif check.rule(k <= n, f"servers={k} > world_size={n}: more servers than ranks"):
+                    check.rule(n - k >= 1, f"servers={k} of world_size={n} leaves no worker (ranks 0..{k - 1} are "
+                                           f"servers, workers are ranks {k}..{n - 1}): need servers <= world_size "
+                                           f"- 1 = {n - 1}, or colocated=True")
+            check.rule(not self.colocated or self.mode == "bsp", f"colocated=True needs mode='bsp', got "
+                       f"mode={self.mode!r}: each step of the co-located exchange is a lock-step all-gather and "
+                       f"reduce-scatter; serving a shard while computing (asp/ssp) would need a server thread on "
+                       f"every rank")
+            if check.integer("staleness", self.staleness, min=0):
+                check.rule(not self.staleness or self.mode == "ssp",
+                           f"staleness={self.staleness} is only used by mode='ssp', got mode={self.mode!r}")
+            check.positive_ints(steps=self.steps, batch_size=self.batch_size)
+            check.number("lr", self.lr, positive=True)
+            check.number("momentum", self.momentum, min=0, below=1)
+            check.choice("shard_by", self.shard_by, BY)
+            timeout_ok = check.number("worker_timeout", self.worker_timeout, positive=True, why=" (seconds)")
+            workers = self.worker_ranks(n) if is_int(k) and 1 <= k <= n else []
+            for name in ("straggler_rank", "fail_rank"):
+                r = getattr(self, name)
+                check.rule(r is None or r in workers, f"{name}={r!r} is not a worker rank (workers: {workers})")
+            if check.number("straggler_delay", self.straggler_delay, min=0, why=" (seconds)") and timeout_ok:
+                check.rule(self.straggler_delay < self.worker_timeout, f"straggler_delay={self.straggler_delay} >= "
+                           f"worker_timeout={self.worker_timeout}: the straggler would be declared lost; make "
+                           f"worker_timeout larger")
+            if check.choice("fail_how", self.fail_how, FAIL_HOWS):
+                check.rule(not (self.fail_how == "exit" and self.colocated), "fail_how='exit' with colocated=True: "
+                           "a co-located rank is also a server; its death takes its shard with it, so nothing can "
+                           "go on")
+            steps = self.steps if is_int(self.steps) else 1
+            check.rule(is_int(self.fail_after_steps) and 0 <= self.fail_after_steps < max(steps, 1),
+                       f"fail_after_steps={self.fail_after_steps!r}: need 0 <= fail_after_steps < steps={self.steps}")
         return self

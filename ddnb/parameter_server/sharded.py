@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ddnb._checks import Checks
 from ddnb.collectives import chunk_bounds, p2p
 from ddnb.models import flat_params, load_flat
 from ddnb.parameter_server.messages import ParameterServerError, message_device, wait_within
@@ -89,13 +90,12 @@ def _balanced_cuts(sizes: list[int], k: int) -> list[int]:
 def shard_parameters(params, k: int, by: str = "bytes") -> list[Shard]:
     """Split the flat parameter vector of `params` (a module, or tensors, or (name,
     tensor) pairs, in model order) into k contiguous shards, one per server."""
-    if by not in BY:
-        raise ValueError(f"by={by!r} is not one of {BY}")
+    with Checks("shard_parameters") as check:
+        check.choice("by", by, BY)
+        check.integer("k", k, min=1, why=" (servers)")
     named = _named(params)
     sizes = [t.numel() for _, t in named]
     numel = sum(sizes)
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if by == "bytes":
         if numel < k:
             raise ValueError(f"{numel} parameters cannot fill k={k} shards: need k <= {numel}")

@@ -25,7 +25,6 @@ Taught in `notebooks/08_model_parallelism.ipynb`.
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks, is_int
 from ddnb.collectives import p2p
 from ddnb.trace import Tracer, get_tracer
 
@@ -40,10 +40,6 @@ STRATEGIES = ("equal", "params", "time")
 
 
 # --- partitioning ------------------------------------------------------------------------
-
-def _count(layers) -> int:
-    return len(list(layers))
-
 
 def partition_layers(layers, stages: int, strategy: str = "equal", times=None) -> list[tuple[int, int]]:
     """Split `layers` (an nn.Sequential, a list of modules, or for "equal" just their count)
@@ -56,43 +52,38 @@ def partition_layers(layers, stages: int, strategy: str = "equal", times=None) -
     `measure_layer_times`) is as small as possible.
     The balanced strategies solve the linear partition problem exactly (dynamic programming
     over split points, O(L² p)); PipeDream, Sec. 3.1, does the same with profiled times."""
-    if isinstance(layers, int) and not isinstance(layers, bool):   # a layer count: only "equal" needs no more
-        if strategy != "equal":
-            raise ValueError(f"strategy={strategy!r} needs the layers themselves, not a count ({layers})")
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
-        layers = range(layers)
-    layers = list(layers)
-    n = len(layers)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES}")
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be an integer >= 1, got {stages!r}")
-    if stages > n:
-        raise ValueError(f"more stages than layers: stages({stages}) > layers({n}): every stage needs at least "
-                         f"one layer; use at most {n} stages or a model with more layers")
-    if strategy == "time":
-        times = _check_times(times, n)
-    elif times is not None:
-        raise ValueError(f"times is only used by strategy='time', got strategy={strategy!r} with times")
+    count = layers if is_int(layers) else None              # a layer count: "equal" needs no more
+    layers = range(max(count, 0)) if count is not None else list(layers)
+    n, times = len(layers), None if times is None else list(times)
+    with Checks("partition_layers") as check:
+        check.choice("strategy", strategy, STRATEGIES)
+        if count is not None:
+            check.rule(strategy not in ("params", "time"),
+                       f"strategy={strategy!r} needs the layers themselves, not a count ({count})")
+            check.integer("layers", count, min=1)
+        if check.integer("stages", stages, min=1) and (count is None or count >= 1):
+            check.rule(stages <= n, f"more stages than layers: stages({stages}) > layers({n}): every stage needs "
+                       f"at least one layer; use at most {n} stages or a model with more layers")
+        if strategy == "time":
+            _check_times(check, times, n)
+        else:
+            check.rule(times is None, f"times is only used by strategy='time', got strategy={strategy!r} with times")
     if strategy == "equal":
         sizes = [n // stages + (1 if s < n % stages else 0) for s in range(stages)]
         ends = [sum(sizes[:s + 1]) for s in range(stages)]
         return list(zip([0] + ends[:-1], ends))
-    weights = [sum(p.numel() for p in layer.parameters()) for layer in layers] if strategy == "params" else times
+    weights = ([sum(p.numel() for p in layer.parameters()) for layer in layers] if strategy == "params"
+               else [float(t) for t in times])
     return balanced_partition(weights, stages)
 
 
-def _check_times(times, n: int) -> list[float]:
-    if times is None:
-        raise ValueError("strategy='time' needs times: one measured time per layer (see measure_layer_times)")
-    times = [float(t) for t in times]
-    if len(times) != n:
-        raise ValueError(f"times has {len(times)} entries for {n} layers")
-    bad = [f"times[{i}]={t!r}" for i, t in enumerate(times) if not math.isfinite(t) or t < 0]
-    if bad:
-        raise ValueError(f"times must be finite and >= 0, got {', '.join(bad)}")
-    return times
+def _check_times(check: Checks, times, n: int) -> None:
+    """strategy="time"'s times: one finite number >= 0 per layer, added to `check`."""
+    if check.rule(times is not None, "strategy='time' needs times: one measured time per layer "
+                                     "(see measure_layer_times)"):
+        if check.rule(len(times) == n, f"times has {len(times)} entries for {n} layers"):
+            for i, t in enumerate(times):
+                check.number(f"times[{i}]", t, min=0)
 
 
 def balanced_partition(weights, stages: int) -> list[tuple[int, int]]:

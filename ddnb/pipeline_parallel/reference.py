@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks
 from ddnb.pipeline_parallel.executor import split_microbatches
-from ddnb.pipeline_parallel.naive import partition_layers
-from ddnb.pipeline_parallel.stage import _check_boundaries, check_microbatches
+from ddnb.pipeline_parallel.naive import check_bounds, partition_layers
+from ddnb.pipeline_parallel.stage import check_microbatches
 
 
 def reference_grads(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn,
@@ -48,12 +49,14 @@ def torch_pipeline_grads(model: nn.Sequential, schedule: str, inputs: torch.Tens
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
-    if schedule not in kinds:
-        raise ValueError(f"schedule={schedule!r} is not one of {list(kinds)}")
+    with Checks("torch_pipeline_grads") as check:
+        check.choice("schedule", schedule, kinds)
+        check.integer("chunks", chunks, min=1)
+        check.integer("microbatches", microbatches, min=1)
     rank, p = dist.get_rank(group), dist.get_world_size(group)
     v = chunks if schedule == "interleaved" else 1
-    boundaries = partition_layers(len(model), p * v) if boundaries is None else list(boundaries)
-    _check_boundaries(boundaries, len(model), p * v)
+    boundaries = partition_layers(len(model), p * v) if boundaries is None else boundaries
+    boundaries = check_bounds(boundaries, len(model), p * v)       # p·v (virtual) stages
     modules, stages = [], []
     for c in range(v):
         start, end = boundaries[c * p + rank]

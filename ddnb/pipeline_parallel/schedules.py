@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ddnb._checks import Checks, check_positive_ints
+
 FORWARD, BACKWARD = "F", "B"
 
 
@@ -46,18 +48,21 @@ class Action(NamedTuple):
         return f"{self.op}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
 
-def _check_counts(stages, microbatches) -> None:
-    bad = [f"{name}={v!r}" for name, v in (("stages", stages), ("microbatches", microbatches))
-           if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ValueError(f"stages and microbatches must be integers >= 1, got {', '.join(bad)}")
+def _check_counts(check: Checks, stages, microbatches, chunks=None) -> None:
+    """stages and microbatches >= 1, and with chunks (interleaved) chunks >= 1 and m % p == 0."""
+    counts_ok = check.positive_ints(stages=stages, microbatches=microbatches)
+    if chunks is not None:
+        check.integer("chunks", chunks, min=1)
+        if counts_ok:
+            check.rule(microbatches % stages == 0, f"interleaved 1F1B needs microbatches a multiple of stages, "
+                       f"got microbatches({microbatches}) % stages({stages}) = {microbatches % stages}")
 
 
 def gpipe_schedule(stages: int, microbatches: int) -> list[list[Action]]:
     """GPipe ("all forward, all backward"): every rank runs F0..F(m-1), then B0..B(m-1).
     Simple, and its bubble is (p-1)/(m+p-1), but each rank keeps the activations of all m
     micro-batches until its backwards start (Huang et al. 2019, Sec. 2.2)."""
-    _check_counts(stages, microbatches)
+    check_positive_ints("gpipe_schedule", stages=stages, microbatches=microbatches)
     m = microbatches
     return [[Action(FORWARD, j) for j in range(m)] + [Action(BACKWARD, j) for j in range(m)]
             for _ in range(stages)]
@@ -70,7 +75,7 @@ def one_f_one_b_schedule(stages: int, microbatches: int) -> list[list[Action]]:
     backward as soon as its forward is done, so a micro-batch's activations are freed
     after at most p - r others have entered: at most min(p - r, m) in flight on rank r.
     Same bubble as GPipe, same gradients (the same sum over micro-batches)."""
-    _check_counts(stages, microbatches)
+    check_positive_ints("one_f_one_b_schedule", stages=stages, microbatches=microbatches)
     p, m = stages, microbatches
     out = []
     for r in range(p):
@@ -91,11 +96,9 @@ def interleaved_one_f_one_b_schedule(stages: int, microbatches: int, chunks: int
     chunk; each rank runs 2(p - r - 1) + (v - 1)p warm-up forwards, then one forward, one
     backward. Each piece is 1/v of a stage, so the bubble shrinks by v to
     (p-1)/(v·m + p - 1), at the price of v times the messages. Needs m % p == 0."""
-    _check_counts(stages, microbatches)
+    with Checks("interleaved_one_f_one_b_schedule") as check:
+        _check_counts(check, stages, microbatches, chunks)
     p, m, v = stages, microbatches, chunks
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or m % p:
-        raise ValueError(f"interleaved 1F1B needs chunks >= 1 and microbatches a multiple of stages, got "
-                         f"chunks={v!r}, microbatches({m}) % stages({p}) = {m % p}")
     if v == 1:
         return one_f_one_b_schedule(p, m)                 # Megatron-LM, too, falls back to plain 1F1B
     total = m * v                                         # forwards per rank, one per (chunk, micro-batch)
@@ -122,8 +125,9 @@ SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule, "interleaved
 def get_schedule(name: str, stages: int, microbatches: int, chunks: int = 2) -> list[list[Action]]:
     """The schedule called `name` ("gpipe", "1f1b" or "interleaved", the last with
     `chunks` model chunks per rank) for p stages and m micro-batches."""
-    if name not in SCHEDULES:
-        raise ValueError(f"schedule={name!r} is not one of {list(SCHEDULES)}")
+    with Checks("get_schedule") as check:
+        check.choice("schedule", name, SCHEDULES)
+        _check_counts(check, stages, microbatches, chunks if name == "interleaved" else None)
     if name == "interleaved":
         return interleaved_one_f_one_b_schedule(stages, microbatches, chunks)
     return SCHEDULES[name](stages, microbatches)
@@ -161,7 +165,7 @@ def validate_schedule(schedule: list[list[Action]], microbatches: int) -> None:
     first-out matching of messages needs, e.g. on NCCL, which ignores tags); and the
     cross-stage dependencies (F(j) on rank r needs F(j) on r-1, B(j) on r needs B(j) on
     r+1; interleaved: on the neighbouring virtual stage) never leave every rank waiting."""
-    _check_counts(len(schedule), microbatches)
+    check_positive_ints("validate_schedule", stages=len(schedule), microbatches=microbatches)
     v = num_chunks(schedule)
     want = sorted((j, c) for j in range(microbatches) for c in range(v))
     problems = []

@@ -14,6 +14,8 @@ import threading
 import time
 from datetime import timedelta
 
+from ddnb._checks import Checks, is_int
+
 # The rendezvous store of rank 0, kept alive for the lifetime of the process group.
 _store = None
 
@@ -66,13 +68,12 @@ def threads_for(local_ranks: int, threads: int | None = None) -> int:
         where = f"${THREADS_ENV}={text!r}"
     else:
         where = f"threads={threads!r}"
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"{where}: intra-op threads must be an integer >= 1")
-        return threads
-    if isinstance(local_ranks, bool) or not isinstance(local_ranks, int) or local_ranks < 1:
-        raise ValueError(f"local_ranks must be an integer >= 1, got {local_ranks!r}")
-    return max(1, available_cores() // local_ranks)
+    with Checks("threads_for") as check:
+        if threads is not None:
+            check.rule(is_int(threads) and threads >= 1, f"{where}: intra-op threads must be an integer >= 1")
+        else:
+            check.integer("local_ranks", local_ranks, min=1)
+    return threads if threads is not None else max(1, available_cores() // local_ranks)
 
 
 def limit_threads(local_ranks: int = 1, threads: int | None = None) -> int:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ddnb._checks import check_positive_ints
 from ddnb.memory import SavedActivations
 from ddnb.models import Block, GPTConfig, gpt, lm_loss, synthetic_task
 
@@ -55,8 +56,7 @@ def activation_cost(config: GPTConfig | None = None, batch_size: int = 16, check
     Returns {"activations": peak bytes saved for backward, "seconds": the fastest of
     `repeats` forward+backward times, "loss", "grads": the parameters' gradients (flat)}."""
     config = GPTConfig() if config is None else config
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got repeats={repeats!r}")
+    check_positive_ints("activation_cost", batch_size=batch_size, repeats=repeats)
     model = gpt(config, seed=seed)
     run = checkpoint_blocks(model) if checkpointed else model
     idx, targets = synthetic_task(config, batch_size, steps=1, seed=seed)[0]          # (B, T) each

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ddnb._checks import Checks, is_int
 from ddnb.memory import tensor_bytes
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.sharding.flat import shard_numel
@@ -41,10 +42,10 @@ def expected_state_bytes(unit_numels: list[int], world_size: int, stage: int, dt
         stage 2         4·N·S     4S        8S
         stage 3         4S        4S        8S
     """
-    if stage not in (0, 1, 2, 3) or isinstance(world_size, bool) or not isinstance(world_size, int) \
-            or world_size < 1 or not unit_numels or any(n < 1 for n in unit_numels):
-        raise ValueError(f"need stage in 0..3, an integer world_size >= 1 and unit sizes >= 1, got "
-                         f"stage={stage!r}, world_size={world_size!r}, unit_numels={unit_numels!r}")
+    with Checks("expected_state_bytes") as check:
+        check.integers("unit_numels", unit_numels, min=1)
+        check.integer("world_size", world_size, min=1)
+        check.integer("stage", stage, min=0, max=3)
     psi = sum(unit_numels)
     s = sum(shard_numel(n, world_size) for n in unit_numels)
     b = dtype_bytes
@@ -83,17 +84,13 @@ def counted_allreduce_hook(state, bucket):   # no annotations: DDP checks them, 
     return allreduce_hook(group, bucket)
 
 
-def validate_run(strategy, batch_size, world_size, steps) -> None:
-    bad = []
-    if strategy not in STRATEGIES:
-        bad.append(f"strategy={strategy!r} is not one of {list(STRATEGIES)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
-        bad.append(f"batch_size({batch_size!r}) must be a positive multiple of world_size({world_size}): "
-                   f"each rank takes batch_size / world_size rows")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        bad.append(f"steps must be an integer >= 1, got steps={steps!r}")
-    if bad:
-        raise ValueError("; ".join(bad))
+def validate_run(strategy, batch_size, world_size, steps, check: Checks) -> None:
+    """train_gpt's strategy, batch (a multiple of world_size) and steps: added to `check`."""
+    check.choice("strategy", strategy, STRATEGIES)
+    check.rule(is_int(batch_size) and batch_size >= 1 and batch_size % world_size == 0,
+               f"batch_size({batch_size!r}) must be a positive multiple of world_size({world_size}): "
+               f"each rank takes batch_size / world_size rows")
+    check.integer("steps", steps, min=1)
 
 
 def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, batch_size: int = 8,
@@ -113,8 +110,9 @@ def train_gpt(strategy: str, config: GPTConfig | None = None, steps: int = 10, b
     noise (1e-6 rather than 1e-8) keeps such parameters still and the comparison exact to 1e-5."""
     config = GPTConfig() if config is None else config
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    validate_run(strategy, batch_size, world_size, steps)
-    validate_adam(lr, (0.9, 0.999), eps)
+    with Checks("train_gpt") as check:
+        validate_run(strategy, batch_size, world_size, steps, check)
+        validate_adam(lr, (0.9, 0.999), eps, check)
     model = gpt(config, seed=seed)
     unit_numels = [sum(p.numel() for p in m.parameters()) for m in model.children()]
     b = batch_size // world_size

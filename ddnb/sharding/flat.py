@@ -22,11 +22,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks
+
 
 def shard_numel(numel: int, world_size: int) -> int:
     """S = ceil(numel / N): the elements of one shard of a flat buffer padded to N·S."""
-    if numel < 0 or world_size < 1:
-        raise ValueError(f"need numel >= 0 and world_size >= 1, got numel={numel}, world_size={world_size}")
+    with Checks("shard_numel") as check:
+        check.integer("numel", numel, min=0)
+        check.integer("world_size", world_size, min=1)
     return math.ceil(numel / world_size)
 
 
@@ -41,8 +44,8 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     return units
 
 
-def check_units(model: nn.Module, units: list[nn.Module]) -> None:
-    """Every trainable parameter of `model` in exactly one unit, or ValueError naming them."""
+def check_units(model: nn.Module, units: list[nn.Module], check: Checks) -> None:
+    """Every trainable parameter of `model` in exactly one unit: added to `check`, naming them."""
     names = {id(p): n for n, p in model.named_parameters()}
     owner: dict[int, int] = {}
     twice = []
@@ -52,9 +55,8 @@ def check_units(model: nn.Module, units: list[nn.Module]) -> None:
                 twice.append(f"{names.get(id(p), '?')} (units {owner[id(p)]} and {i})")
             owner[id(p)] = i
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owner]
-    if twice or missing:
-        raise ValueError(f"each parameter must be in exactly one unit: in two units: {twice or 'none'}; "
-                         f"in none: {missing or 'none'}")
+    check.rule(not (twice or missing), f"each parameter must be in exactly one unit: in two units: "
+               f"{twice or 'none'}, in none: {missing or 'none'}")
 
 
 class FlatUnit:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb._checks import Checks, is_number
 from ddnb.cost.alpha_beta import allreduce_bytes_per_rank
 from ddnb.memory import tensor_bytes
 from ddnb.sharding.flat import FlatUnit, check_units, default_units
@@ -61,16 +62,13 @@ def ring_bytes_sent(collective: str, nbytes: float, world_size: int) -> float:
     return allreduce_bytes_per_rank("ring", nbytes, world_size)[0] * RING_PHASES[collective] / 2
 
 
-def validate_adam(lr, betas, eps) -> None:
-    bad = []
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        bad.append(f"lr must be a number > 0, got lr={lr!r}")
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
-        bad.append(f"betas must be two numbers in [0, 1), got betas={betas!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        bad.append(f"eps must be a number > 0, got eps={eps!r}")
-    if bad:
-        raise ValueError("; ".join(bad))
+def validate_adam(lr, betas, eps, check: Checks) -> None:
+    """Adam's lr > 0, betas two numbers in [0, 1), eps > 0: added to `check`."""
+    check.number("lr", lr, positive=True)
+    check.rule(isinstance(betas, (tuple, list)) and len(betas) == 2 and all(is_number(b) and 0 <= b < 1
+                                                                             for b in betas),
+               f"betas={betas!r}: need two numbers in [0, 1)")
+    check.number("eps", eps, positive=True)
 
 
 def adam_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -90,9 +88,10 @@ class ZeroStage1(nn.Module):
     def __init__(self, module: nn.Module, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  group=None, units: list[nn.Module] | None = None, tracer: Tracer | None = None):
         super().__init__()
-        validate_adam(lr, betas, eps)
         units = default_units(module) if units is None else list(units)
-        check_units(module, units)                       # all before any collective
+        with Checks(type(self).__name__) as check:       # all before any collective
+            validate_adam(lr, betas, eps, check)
+            check_units(module, units, check)
         self.module, self.group, self.tracer = module, group, tracer
         self.sent_bytes = {"reduce_scatter": 0.0, "all_gather": 0.0}   # this rank, on a ring, since start
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)

@@ -101,6 +101,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
                  input_is_parallel: bool = True, tracer: Tracer | None = None, seed: int = 0,
                  _master: nn.Linear | None = None):
+        # Mirrors ColumnParallelLinear.__init__ on purpose (Megatron-LM's pair): the same steps, the other dim.
         super().__init__()
         size = tp_size(group)
         check_divisible("in_features", in_features, size, " (a row-parallel layer splits its inputs)")

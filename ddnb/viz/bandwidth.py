@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ddnb.viz.timeline import _fmt_bytes
+from ddnb.viz.memory import fmt_bytes
 
 ORDER = ("naive", "tree", "ring", "halving_doubling", "torch", "horovod")
 
@@ -36,7 +36,7 @@ def plot_allreduce_times(rows: list[dict], link_bw: float | None = None, axes=No
         ax.set_xscale("log", base=2)
         ticks = sorted({r["size"] for r in rows})
         ax.set_xticks(ticks)
-        ax.set_xticklabels([_fmt_bytes(s) for s in ticks], rotation=45, fontsize=7)
+        ax.set_xticklabels([fmt_bytes(s) for s in ticks], rotation=45, fontsize=7)
         ax.set_xlabel("message size")
         ax.grid(alpha=0.3)
     ax_t.set_yscale("log")

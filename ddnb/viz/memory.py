@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ddnb._checks import Checks
+
 ORDER = ("parameters", "gradients", "optimizer", "activations")
 COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
-UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}   # binary multiples, as ddnb.viz.timeline labels bytes
+UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}   # binary multiples: every byte axis and label of ddnb.viz
+
+
+def fmt_bytes(n: float) -> str:
+    """A short label in binary units: 512 -> "512B", 4096 -> "4KB", 3 << 20 -> "3MB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f}{unit}"
+        n /= 1024
+    return f"{n:.0f}TB"
 
 
 def plot_memory(per_rank: list[dict[str, int]], title: str | None = None, ax=None, unit: str = "MB",
@@ -17,10 +28,10 @@ def plot_memory(per_rank: list[dict[str, int]], title: str | None = None, ax=Non
     parameters, gradients, optimizer, activations first, then any other keys in the order
     they first appear. Values are bytes, drawn in `unit`, with each bar's total on top.
     Returns the Axes."""
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is not one of {tuple(UNITS)}")
-    if labels is not None and len(labels) != len(per_rank):
-        raise ValueError(f"{len(labels)} labels for {len(per_rank)} bars")
+    with Checks("plot_memory") as check:
+        check.choice("unit", unit, UNITS)
+        check.rule(labels is None or len(labels) == len(per_rank), f"{len(labels or ())} labels for "
+                   f"{len(per_rank)} bars")
     keys = [k for k in ORDER if any(k in d for d in per_rank)]
     for d in per_rank:
         keys += [k for k in d if k not in keys]

@@ -20,13 +20,13 @@ from matplotlib.patches import Patch
 
 from ddnb.cost.pipeline import interleaved_bubble_fraction, peak_microbatches_in_flight, pipeline_bubble_fraction
 from ddnb.pipeline_parallel.schedules import bubble_fraction, get_schedule, simulate
+from ddnb.viz.memory import UNITS as BYTES   # binary multiples, as every byte axis of ddnb.viz
 from ddnb.viz.widgets import figure_png
 
 COLORS = {"F": "#4c72b0", "B": "#dd8452"}
 CHUNK_COLORS = {"F": ("#4c72b0", "#8da5d3", "#2e4a78", "#b8c8e6"),   # interleaved: one shade per model chunk
                 "B": ("#dd8452", "#ecb28c", "#a85a2c", "#f4cfb5")}
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, None: 1.0}
-BYTES = {"B": 1, "KB": 2**10, "MB": 2**20}
 
 
 def plot_pipeline(events: list[dict], ax=None, title: str = "", unit: str | None = "ms", labels: bool = True,

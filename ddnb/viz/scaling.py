@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from ddnb._checks import Checks, is_int
+
 
 def plot_time_vs_workers(times: dict[int, float], ax=None, title: str = "", unit: str = "ms",
                          label: str | None = None):
@@ -31,10 +33,10 @@ def plot_time_vs_workers(times: dict[int, float], ax=None, title: str = "", unit
 def scaling_table(times: dict[int, float]) -> list[dict]:
     """Rows {workers, time, speedup, efficiency} from {workers: seconds for the same work},
     sorted by workers; speedup and efficiency are relative to 1 worker (None without it)."""
-    if any(not (isinstance(n, int) and n >= 1) for n in times):
-        raise ValueError(f"worker counts must be integers >= 1, got {sorted(times)}")
-    if any(not t > 0 for t in times.values()):
-        raise ValueError(f"times must be > 0 seconds, got {times}")
+    with Checks("scaling_table") as check:
+        check.rule(all(is_int(n) and n >= 1 for n in times), f"worker counts must be integers >= 1, got {list(times)}")
+        for n, t in times.items():
+            check.number(f"times[{n!r}]", t, positive=True, why=" (seconds)")
     base = times.get(1)
     return [{"workers": n, "time": times[n], "speedup": None if base is None else base / times[n],
              "efficiency": None if base is None else base / (n * times[n])} for n in sorted(times)]

@@ -21,41 +21,37 @@ def _log2_workers(ax, workers) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
-def plot_step_times(curves: dict[str, dict[int, float]], compute_time: float | None = None, ax=None,
-                    title: str = "", ylabel: str = "seconds per step"):
-    """Log-log lines of {algorithm: {N: seconds}}; the compute time alone dashed. Returns the Axes."""
+def _plot_curves(curves: dict[str, dict[int, float]], ax, ylabel: str, title: str, line: float | None = None,
+                 line_label: str | None = None, legend_loc: str = "best"):
+    """Lines of {algorithm: {N: value}} against N (log2), and `line` dashed across. Returns the Axes."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.8))
     workers = sorted({n for c in curves.values() for n in c})
-    for name, times in curves.items():
-        ns = sorted(times)
-        ax.plot(ns, [times[n] for n in ns], "o-", ms=3, label=LABELS.get(name, name))
-    if compute_time is not None:
-        ax.axhline(compute_time, color="k", ls="--", lw=0.8, label="compute alone")
-    ax.set_yscale("log")
+    for name, values in curves.items():
+        ns = sorted(values)
+        ax.plot(ns, [values[n] for n in ns], "o-", ms=3, label=LABELS.get(name, name))
+    if line is not None:
+        ax.axhline(line, color="k", ls="--", lw=0.8, label=line_label)
     ax.set_ylabel(ylabel)
     _log2_workers(ax, workers)
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc=legend_loc)
+    return ax
+
+
+def plot_step_times(curves: dict[str, dict[int, float]], compute_time: float | None = None, ax=None,
+                    title: str = "", ylabel: str = "seconds per step"):
+    """Log-log lines of {algorithm: {N: seconds}}; the compute time alone dashed. Returns the Axes."""
+    ax = _plot_curves(curves, ax, ylabel, title, compute_time, "compute alone")
+    ax.set_yscale("log")
     return ax
 
 
 def plot_efficiency(curves: dict[str, dict[int, float]], ax=None, title: str = ""):
     """Lines of {algorithm: {N: efficiency in [0, 1]}} against N (log2). Returns the Axes."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.8))
-    workers = sorted({n for c in curves.values() for n in c})
-    for name, eff in curves.items():
-        ns = sorted(eff)
-        ax.plot(ns, [eff[n] for n in ns], "o-", ms=3, label=LABELS.get(name, name))
-    ax.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax = _plot_curves(curves, ax, "scaling efficiency T(1)/T(N)", title, 1.0, legend_loc="lower left")
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("scaling efficiency T(1)/T(N)")
-    _log2_workers(ax, workers)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower left")
     return ax
 
 

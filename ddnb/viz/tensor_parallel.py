@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 from matplotlib.colors import ListedColormap
 
-from ddnb.viz.memory import plot_memory
+from ddnb.viz.memory import UNITS, plot_memory
 from ddnb.viz.widgets import figure_png
 
 
@@ -41,7 +41,7 @@ def plot_shard_layout(layouts: dict[str, list[list[int]]], title: str | None = N
 def plot_tp_traffic(per_t: dict[int, dict[str, int]], ax=None, unit: str = "KB"):
     """Bars of bytes communicated per rank for each t: per_t[t] = {"forward": bytes,
     "backward": bytes}. Returns the Axes."""
-    scale = {"B": 1, "KB": 2**10, "MB": 2**20}[unit]
+    scale = UNITS[unit]
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.0))
     ts = sorted(per_t)

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ddnb.trace import match_messages
+from ddnb.viz.memory import fmt_bytes
 
 COLORS = {"compute": "#4c72b0", "send": "#dd8452", "recv": "#55a868", "collective": "#c44e52",
           "wait": "#bbbbbb", "other": "#8172b3"}
@@ -31,7 +32,7 @@ def plot_timeline(events: list[dict], ax=None, title: str = "", unit: str = "ms"
         left, width = (e["start"] - t0) * scale, max((e["end"] - e["start"]) * scale, 1e-9)
         ax.barh(y, width, left=left, height=h, color=COLORS.get(e["kind"], "#999999"), edgecolor="none")
         if label_bytes and e["kind"] == "send" and e.get("nbytes"):
-            ax.text(left + width / 2, y, _fmt_bytes(e["nbytes"]), ha="center", va="center", fontsize=6)
+            ax.text(left + width / 2, y, fmt_bytes(e["nbytes"]), ha="center", va="center", fontsize=6)
     if arrows:
         for s, r in match_messages(events)[:max_arrows]:
             ax.annotate("", xy=((r["end"] - t0) * scale, r["rank"] + OFFSETS["recv"]),
@@ -47,11 +48,3 @@ def plot_timeline(events: list[dict], ax=None, title: str = "", unit: str = "ms"
     if title:
         ax.set_title(title)
     return ax
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024:
-            return f"{n:.0f}{unit}"
-        n /= 1024
-    return f"{n:.0f}TB"
