@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"bench": ("ddnb.bench.__main__", "benchmarks: allreduce (time, algbw, busbw per size), dp (step time per strategy)")}
+COMMANDS = {"bench": ("ddnb.bench.__main__", "benchmarks: allreduce, alltoall (time, algbw, busbw per size), "
+                                             "dp (step time per strategy)")}
 
 
 def _usage() -> str:

@@ -3,6 +3,8 @@
 
 - `ddnb.bench.allreduce`: all-reduce time, algbw and busbw per size and algorithm, and the
   alpha-beta-gamma model's prediction beside it (`notebooks/05_allreduce.ipynb`);
+- `ddnb.bench.alltoall`: all-to-all time, algbw and busbw per size, pairwise exchange and
+  Bruck against torch's (`notebooks/03_collectives.ipynb`);
 - `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
   Horovod) (`notebooks/06_data_parallelism.ipynb`).
 """

@@ -2,6 +2,7 @@
 benchmark turns a command line into a call of its module and prints a table (or --json).
 
     python -m ddnb.bench allreduce --workers 4 --sizes 64KB..64MB --fit   # ddnb.bench.allreduce
+    python -m ddnb.bench alltoall --workers 4 --sizes 4KB..16MB          # ddnb.bench.alltoall
     python -m ddnb.bench dp --workers 2 --models many_small              # ddnb.bench.dp
 
 Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
@@ -38,8 +39,31 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _names(known):
+    """An argparse type: a comma list of names from `known` (repeats dropped, order kept)."""
+    def parse(text):
+        got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+        unknown = [a for a in got if a not in known]
+        if unknown or not got:
+            raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; known: {', '.join(known)}")
+        return got
+    return parse
+
+
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
+def _add_timing_arguments(p) -> None:
+    """--json, --seconds, --repeats, --timeout, -v: what every collective's benchmark takes."""
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--seconds", type=_at_least(0.0, float), default=0.3,
+                   help="target seconds per measurement, all windows together (default 0.3)")
+    p.add_argument("--repeats", type=_at_least(1), default=3,
+                   help="windows per measurement; the median is reported (default 3)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
+                   help="seconds before a stuck world is killed (default 300)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
 
 
 def _add_emulate_arguments(p) -> None:
@@ -123,19 +147,54 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
                    help=f"comma list of {', '.join(ALLREDUCE_ALGORITHMS)} (default: all; horovod if installed)")
     p.add_argument("--fit", action="store_true", help="fit alpha, beta (ping-pong, sendrecv) and gamma (local "
                                                       "add) and print the model's time beside the measured one")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
-    p.add_argument("--seconds", type=_at_least(0.0, float), default=0.3,
-                   help="target seconds per measurement, all windows together (default 0.3)")
-    p.add_argument("--repeats", type=_at_least(1), default=3,
-                   help="windows per measurement; the median is reported (default 3)")
-    p.add_argument("--timeout", type=_at_least(0.0, float), default=300,
-                   help="seconds before a stuck world is killed (default 300)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
+    _add_timing_arguments(p)
     _add_emulate_arguments(p)
     p.set_defaults(run=_cmd_allreduce, parser=p)
+    _add_alltoall_parser(sub)
     _add_dp_parser(sub)
     _add_pipeline_parser(sub)
     return parser
+
+
+# ---------------------------------------------------------------- alltoall (ddnb/bench/alltoall.py)
+def _add_alltoall_parser(sub) -> None:
+    from ddnb.bench.alltoall import ALLTOALL_ALGORITHMS
+    from ddnb.bench.alltoall import __doc__ as a2a_doc
+
+    p = sub.add_parser("alltoall", help="all-to-all time, algbw and busbw per size: pairwise, bruck, torch",
+                       description=a2a_doc.split("\n\n")[2])
+    p.add_argument("--workers", default=4, help="gloo processes (default 4)",
+                   type=_at_least(2, why=" workers (an all-to-all over one rank moves nothing)"))
+    p.add_argument("--sizes", type=_sizes, default=parse_sizes("4KB..16MB"),
+                   help="bytes of one rank's input: LOW..HIGH (powers of 2) or a comma list; KB = 1024 bytes "
+                        "(default 4KB..16MB)")
+    p.add_argument("--algorithms", type=_names(ALLTOALL_ALGORITHMS), default=list(ALLTOALL_ALGORITHMS),
+                   help=f"comma list of {', '.join(ALLTOALL_ALGORITHMS)} (default: all)")
+    _add_timing_arguments(p)
+    p.set_defaults(run=_cmd_alltoall, parser=p)
+
+
+def _cmd_alltoall(parser, args) -> int:
+    from ddnb.bench.alltoall import alltoall_benchmark
+
+    small = [format_size(s) for s in args.sizes if s < 4 * args.workers]
+    if small:
+        parser.error(f"--sizes {', '.join(small)} below 4 * workers = {4 * args.workers} bytes: every rank "
+                     f"needs at least one float32 element from every rank")
+    out = sys.stderr if args.json else sys.stdout
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    print(f"all-to-all of float32 on {args.workers} gloo processes (ddnb.testing.World), equal splits, "
+          f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])} per rank, ~{args.seconds} s per "
+          f"measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
+    rows = alltoall_benchmark(args.workers, args.sizes, args.algorithms, args.seconds, args.repeats,
+                              timeout=args.timeout, log=log)
+    print(f"done; {_load()} (other processes on these cores slow every measurement); "
+          f"{rows[0]['threads']} intra-op thread(s) per rank; busbw = algbw * (N-1)/N", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(ar.allreduce_table(rows))
+    return 0
 
 
 # ---------------------------------------------------------------- dp (ddnb/bench/dp.py)
@@ -143,22 +202,13 @@ def _add_dp_parser(sub) -> None:
     from ddnb.bench.dp import MODELS, STRATEGIES
     from ddnb.bench.dp import __doc__ as dp_doc
 
-    def names(known):
-        def parse(text):
-            got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-            unknown = [a for a in got if a not in known]
-            if unknown or not got:
-                raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; known: {', '.join(known)}")
-            return got
-        return parse
-
     p = sub.add_parser("dp", help="data-parallel step time per strategy (naive, bucketed, ddp, horovod)",
                        description=dp_doc.split("\n\n")[2])
     p.add_argument("--workers", default=2, help="gloo processes (default 2)",
                    type=_at_least(2, why=" workers (data parallelism over one rank syncs nothing)"))
-    p.add_argument("--models", type=names(tuple(MODELS)), default=list(MODELS),
+    p.add_argument("--models", type=_names(tuple(MODELS)), default=list(MODELS),
                    help=f"comma list of {', '.join(MODELS)} (default: both)")
-    p.add_argument("--strategies", type=names(STRATEGIES), default=None,
+    p.add_argument("--strategies", type=_names(STRATEGIES), default=None,
                    help=f"comma list of {', '.join(STRATEGIES)} (default: all; horovod if installed)")
     p.add_argument("--batch", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
     p.add_argument("--steps", type=_at_least(1), default=20, help="timed steps per strategy (default 20)")

@@ -167,13 +167,21 @@ def allreduce_rows(world, sizes, algorithms=FROM_SCRATCH + ("torch",), target_se
     slowest rank's mean, median of `repeats` windows; see `rank_allreduce`), iters, algbw
     and busbw (GB/s), threads (the ranks' intra-op threads, `world_threads`), ratio_vs_torch
     (busbw / torch's busbw at that size; None without torch)."""
+    return timed_rows(world, sizes, algorithms, rank_allreduce, busbw_factor(world.n), target_seconds, repeats, log)
+
+
+def timed_rows(world, sizes, algorithms, rank_fn, factor: float, target_seconds: float, repeats: int,
+               log=None) -> list[dict]:
+    """The rows of a collective's benchmark: per (size, algorithm), rank_fn(algorithm, size,
+    target_seconds, repeats) -> (time, iters) on every rank of `world`; algbw = size / time,
+    busbw = algbw * factor; ratio_vs_torch as `allreduce_rows` says."""
     rows, n, threads = [], world.n, world_threads(world)
     for size in sizes:
         for algorithm in algorithms:
-            t, iters = world.run(rank_allreduce, algorithm, size, target_seconds, repeats)[0]
+            t, iters = world.run(rank_fn, algorithm, size, target_seconds, repeats)[0]
             algbw = size / t / GB
             rows.append({"size": size, "workers": n, "algorithm": algorithm, "time": t, "iters": iters,
-                         "algbw": algbw, "busbw": algbw * busbw_factor(n), "threads": threads})
+                         "algbw": algbw, "busbw": algbw * factor, "threads": threads})
             if log:
                 log(f"{format_size(size):>6} {algorithm:<16} {t * 1e3:9.3f} ms  ({iters} iters)")
     return _add_ratios(rows)

@@ -261,6 +261,24 @@ def _check_device(tensor, group) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def share_rows(row: torch.Tensor, group=None, tracer: Tracer | None = None) -> list[list[int]]:
+    """Every rank's `row` (int64s, the same length on every rank) as a table on every rank,
+    row r from rank r: gathered at rank 0, the table sent back (2 message rounds, traced as
+    "check"). What the cross-rank checks of the collectives exchange."""
+    rank, n = group_rank(group), group_size(group)
+    table = torch.empty(n, row.numel(), dtype=row.dtype, device=row.device)   # (N, H)
+    if rank == 0:
+        table[0] = row
+        for p in [irecv(table[src], src, group, tracer, name="check") for src in range(1, n)]:
+            p.wait()
+        for p in [isend(table, dst, group, tracer, name="check") for dst in range(1, n)]:
+            p.wait()
+    else:
+        send(row, 0, group, tracer, name="check")
+        recv(table, 0, group, tracer, name="check")
+    return table.tolist()
+
+
 def check_same_across_ranks(tensor, op: str | None, what: str, root: int | None = None,
                             group=None, tracer: Tracer | None = None, segment_bytes: int | None = None) -> None:
     """Gather every rank's header at rank 0, send the table back to all, and raise the
@@ -272,18 +290,7 @@ def check_same_across_ranks(tensor, op: str | None, what: str, root: int | None 
         root_code = NO_ROOT
     else:
         root_code = int(root) if _valid_root(root, n) else BAD_ROOT
-    header = _header(tensor, op, what, root_code, segment_bytes).to(device)  # (H,)
-    table = torch.empty(n, HEADER_LEN, dtype=torch.int64, device=device)     # (N, H)
-    if rank == 0:
-        table[0] = header
-        for p in [irecv(table[src], src, group, tracer, name="check") for src in range(1, n)]:
-            p.wait()
-        for p in [isend(table, dst, group, tracer, name="check") for dst in range(1, n)]:
-            p.wait()
-    else:
-        send(header, 0, group, tracer, name="check")
-        recv(table, 0, group, tracer, name="check")
-    rows = table.tolist()
+    rows = share_rows(_header(tensor, op, what, root_code, segment_bytes).to(device), group, tracer)
     if all(row == rows[0] for row in rows):
         return
     calls: dict[str, list[int]] = {}

@@ -3,6 +3,7 @@
 `alpha_beta`: the alpha-beta-gamma model of all-reduce (Thakur et al. 2005) and the
 measurements that give its parameters (ping-pong, sendrecv, a local add), and what it
 leaves out on shared cores (pair_exchange).
+`all_to_all`: the same model for all-to-all, pairwise exchange and Bruck (Thakur et al. 2005).
 `pipeline`: the bubble (p-1)/(m+p-1), step time and activation memory of pipeline
 schedules (Huang et al. 2019; Narayanan et al. 2021).
 `model_parallel`: bytes a naive layer split sends per step, and its per-rank idle time.
@@ -15,6 +16,7 @@ schedules (Huang et al. 2019; Narayanan et al. 2021).
 `published`: published models' sizes, tokens and compute, as their papers state them.
 Each module names the notebook that teaches it; `notebooks/12_scalability.ipynb` combines them.
 """
+from ddnb.cost.all_to_all import ALLTOALL_ALGORITHMS, alltoall_bytes_per_rank, alltoall_time
 from ddnb.cost.alpha_beta import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta, measure_gamma,
                                   pair_exchange, pingpong, sendrecv)
 from ddnb.cost.memory_model import dataset_bytes, max_params, token_bytes, training_memory
@@ -31,6 +33,8 @@ __all__ = [
     # alpha_beta
     "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta", "measure_gamma", "pair_exchange",
     "pingpong", "sendrecv",
+    # all_to_all
+    "ALLTOALL_ALGORITHMS", "alltoall_bytes_per_rank", "alltoall_time",
     # pipeline, model_parallel
     "interleaved_bubble_fraction", "model_parallel_idle_fraction", "peak_microbatches_in_flight",
     "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time",
