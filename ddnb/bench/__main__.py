@@ -223,6 +223,7 @@ def _add_dp_parser(sub) -> None:
     p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
                    help="seconds before a stuck world is killed (default 600)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    _add_emulate_arguments(p)
     p.set_defaults(run=_cmd_dp, parser=p)
 
 
@@ -231,9 +232,16 @@ def _cmd_dp(parser, args) -> int:
     from ddnb.data_parallel.naive import allreduce_names
     from ddnb.runtime.horovod import horovod_available
 
-    strategies = args.strategies or [s for s in STRATEGIES if s != "horovod" or horovod_available()]
+    emulate = _emulated(parser, args)
+    strategies = args.strategies or [s for s in STRATEGIES
+                                     if s != "horovod" or (horovod_available() and emulate is None)]
     if "horovod" in strategies and not horovod_available():
         parser.error("--strategies includes horovod, but Horovod with PyTorch is not installed")
+    if "horovod" in strategies and emulate is not None:
+        parser.error("--strategies includes horovod, but Horovod is not emulated")
+    if emulate is not None and args.allreduce != "torch":
+        parser.error("--allreduce: an emulated cluster runs the buckets' all-reduce as torch's, at the ring's "
+                     "alpha-beta time; leave --allreduce torch")
     if args.allreduce not in allreduce_names():
         parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
     out = sys.stderr if args.json else sys.stdout
@@ -241,8 +249,13 @@ def _cmd_dp(parser, args) -> int:
     print(f"data-parallel training step on {args.workers} gloo processes (ddnb.testing.World), batch {args.batch} "
           f"per rank, median of {args.steps} steps; bucketed: {args.bucket_mb:g} MB buckets, {args.allreduce} "
           f"all-reduce; {_load()}", file=out, flush=True)
+    if emulate is not None:
+        print(f"{emulate}: every time below is emulated seconds of this profile", file=sys.stderr if args.json
+              else sys.stdout, flush=True)
     rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
-                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log)
+                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log, emulate=emulate)
+    if emulate is not None:
+        print(rows[0]["emulation"], file=sys.stderr if args.json else sys.stdout)
     print(f"done; {_load()} (other processes on these cores slow every measurement); "
           f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
     if args.json:
