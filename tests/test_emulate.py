@@ -67,9 +67,9 @@ def _two_sends(nbytes):
 def test_sends_from_one_rank_share_its_link(world):
     n = 200_000
     sender, first, second = world.run(_two_sends, n)
-    assert first == pytest.approx(ALPHA + n / BW, rel=0.02)       # the first message has the link alone
-    assert second == pytest.approx(ALPHA + 2 * n / BW, rel=0.02)  # the second waits for its bytes
-    assert sender == pytest.approx(2 * n / BW, rel=0.02)          # the sender is done when both are on the wire
+    assert first == pytest.approx(ALPHA + n / BW, rel=0.02)           # the first message has the link alone
+    assert second == pytest.approx(2 * (ALPHA + n / BW), rel=0.02)    # the second waits for the first's alpha + n/B
+    assert sender == pytest.approx(2 * (ALPHA + n / BW), rel=0.02)    # the sender's link is busy until then
 
 
 def _matmul(m, k, n):

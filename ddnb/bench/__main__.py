@@ -109,7 +109,9 @@ def _cmd_allreduce(parser, args) -> int:
               "torch's all-reduce is charged the ring's alpha-beta time", file=out, flush=True)
     print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
           f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
-          f"~{args.seconds} s per measurement (median of {args.repeats} windows); {_load()}", file=out, flush=True)
+          + ("one call per measurement after a warm-up (emulated time does not vary with load)" if emulate else
+             f"~{args.seconds} s per measurement (median of {args.repeats} windows)") + f"; {_load()}",
+          file=out, flush=True)
     rows, model = ar.allreduce_benchmark(args.workers, args.sizes, algorithms, args.seconds, args.repeats,
                                          fit=args.fit, timeout=args.timeout, log=log, emulate=emulate)
     link = model["link"]

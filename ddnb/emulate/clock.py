@@ -4,10 +4,12 @@ Every worker keeps `t`, the emulated time (seconds since the cluster's epoch) at
 has finished all it was given. Work advances it; real time is kept in step with it:
 
 - **compute** adds its modeled time to `t` (`charge`, from `ddnb.emulate.compute`);
-- a **message** leaves when the sender's outgoing link is free and `t` has come, takes
-  n / B on the sender's outgoing link and on the receiver's incoming link (cut-through, so
-  the two overlap), and arrives alpha later: the receiver's `t` becomes at least the
-  arrival time (`send_start`, `arrival`). The sender puts its start time in a small header
+- a **message** leaves when the sender's outgoing link is free and `t` has come, and
+  takes alpha + n / B of its link (Hockney's model, the one `ddnb.cost` uses): it holds
+  the sender's outgoing link and the receiver's incoming link for that long (the two
+  overlap), so a rank's messages queue on its link, latency included, as the alpha-beta
+  model's linear gather assumes; the receiver's `t` becomes at least the arrival time
+  (`send_start`, `arrival`). The sender puts its start time in a small header
   that travels with the real bytes (`ddnb.emulate.messages`), so the arrival time comes
   from the real message the real program sent;
 - before anything another process can see (a message, a collective, a reading of the
@@ -18,7 +20,8 @@ has finished all it was given. Work advances it; real time is kept in step with 
   `report()` says so; raise the slowdown until there are none.
 
 Modeled: one full-duplex link per rank and kind (intra-host, inter-host), so a rank's
-messages share its link in each direction (a NIC serializes); alpha per message.
+messages share its link in each direction (a NIC serializes), each holding it for
+alpha + n / B.
 Not modeled: switch contention and oversubscribed fabrics (every pair has full
 bandwidth), congestion control, the CPU cost of sending (zero-copy, as RDMA), and links
 shared by several ranks of one host. Times from torch.distributed's own collectives are
@@ -101,13 +104,13 @@ class Emulator:
         return "intra" if self.profile.host(peer) == self.profile.host(self.rank) else "inter"
 
     def send_start(self, dst: int, nbytes: int) -> tuple[float, float]:
-        """A message of `nbytes` to global rank `dst` leaves now: (start, end) of its time
-        on this rank's outgoing link. Call after sync()."""
+        """A message of `nbytes` to global rank `dst` leaves now: (start, end) of the
+        alpha + n / B it holds this rank's outgoing link. Call after sync()."""
         kind = self._kind(dst)
         link = getattr(self.profile, kind)
         with self.lock:
             start = max(self.t, self.free.get(("out", kind), 0.0))
-            end = start + nbytes / link.bandwidth
+            end = start + link.time(nbytes)
             self.free[("out", kind)] = end
             self.messages += 1
             self.bytes_sent += nbytes
@@ -115,14 +118,14 @@ class Emulator:
 
     def arrival(self, src: int, start: float, nbytes: int) -> float:
         """When a message that left global rank `src` at emulated time `start` has
-        arrived here, its bytes through this rank's incoming link and alpha paid."""
+        arrived here: alpha + n / B on this rank's incoming link, once it is free."""
         kind = self._kind(src)
         link = getattr(self.profile, kind)
         with self.lock:
             begin = max(start, self.free.get(("in", kind), 0.0))
-            end = begin + nbytes / link.bandwidth
+            end = begin + link.time(nbytes)
             self.free[("in", kind)] = end
-        return end + link.alpha
+        return end
 
     def run_collective(self, last_launch: float, seconds: float) -> float:
         """A collective that all ranks launched by `last_launch` and that takes `seconds` on
