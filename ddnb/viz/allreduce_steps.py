@@ -21,7 +21,7 @@ from IPython.display import display
 
 from ddnb._checks import Checks
 from ddnb.collectives.schedules import SCHEDULES, allreduce_schedule
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 ALGORITHMS = tuple(SCHEDULES)
 

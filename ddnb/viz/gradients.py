@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 from matplotlib.patches import Patch, Rectangle
 
+from ddnb.viz.png import figure_png
 from ddnb.viz.timeline import COLORS, plot_timeline
-from ddnb.viz.widgets import figure_png
 
 
 def _log10(values, floor: float) -> list[list[float]]:

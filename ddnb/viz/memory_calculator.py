@@ -15,7 +15,7 @@ from IPython.display import display
 
 from ddnb.cost.memory_model import OPTIMIZERS, PRECISIONS, training_memory
 from ddnb.viz.memory import plot_memory
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 GB = 1e9   # device memory is sold in decimal gigabytes: an "80 GB" device holds about 80e9 bytes
 SIZES = ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len", "batch_size")

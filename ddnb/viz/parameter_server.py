@@ -117,7 +117,7 @@ class ParameterServerExplorer:
 
     def run(self):
         """Run once with the widgets' values; errors are shown, not raised."""
-        from ddnb.viz.widgets import figure_png
+        from ddnb.viz.png import figure_png
 
         k, n = self.servers.value, self.workers.value
         label = f"{self.mode.value}{'(' + str(self.staleness.value) + ')' if self.mode.value == 'ssp' else ''}, " \

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 from ddnb.cost.pipeline import interleaved_bubble_fraction, peak_microbatches_in_flight, pipeline_bubble_fraction
 from ddnb.pipeline_parallel.schedules import bubble_fraction, get_schedule, simulate
 from ddnb.viz.memory import UNITS as BYTES   # binary multiples, as every byte axis of ddnb.viz
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 COLORS = {"F": "#4c72b0", "B": "#dd8452"}
 CHUNK_COLORS = {"F": ("#4c72b0", "#8da5d3", "#2e4a78", "#b8c8e6"),   # interleaved: one shade per model chunk

@@ -7,7 +7,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 LABELS = {"ps_central": "central PS", "ps_sharded": "sharded PS", "tree": "tree", "ring": "ring",
           "halving_doubling": "halving-doubling", "hierarchical": "hierarchical (8/node)", "torus2d": "2D torus"}

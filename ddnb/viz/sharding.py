@@ -9,7 +9,7 @@ from IPython.display import display
 
 from ddnb.cost.zero import zero_memory_parts
 from ddnb.viz.memory import UNITS, plot_memory
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 
 def plot_zero_stages(num_params, world_size: int, k: float = 12, param_bytes: float = 2, grad_bytes: float = 2,

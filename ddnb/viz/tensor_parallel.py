@@ -10,7 +10,7 @@ from IPython.display import display
 from matplotlib.colors import ListedColormap
 
 from ddnb.viz.memory import UNITS, plot_memory
-from ddnb.viz.widgets import figure_png
+from ddnb.viz.png import figure_png
 
 
 def plot_shard_layout(layouts: dict[str, list[list[int]]], title: str | None = None):

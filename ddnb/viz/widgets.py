@@ -7,12 +7,10 @@ Taught in `notebooks/00_getting_started.ipynb` and `notebooks/06_data_parallelis
 """
 from __future__ import annotations
 
-import io
-
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 from IPython.display import display
 
+from ddnb.viz.png import figure_png
 from ddnb.viz.scaling import plot_scaling, plot_time_vs_workers
 
 
@@ -67,11 +65,3 @@ class WorkerCountExplorer:
 
     def _ipython_display_(self):
         display(self.widget)
-
-
-def figure_png(fig) -> bytes:
-    """The figure as PNG bytes (for an ipywidgets.Image), closed afterwards."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
