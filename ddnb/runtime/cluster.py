@@ -175,6 +175,7 @@ class Cluster:
                 raise ValueError("emulate needs every worker on this host: the emulated clock is this machine's")
             self._run_engines(worker.start_emulation, [(self.emulate.to_dict(), time.monotonic() + 0.05)] * world,
                               "emulate", timeout=self.start_timeout)
+            lap("emulate")
         self.view = self.client[engine_ids]
         self.view.block = True
         self._push_names()
