@@ -101,16 +101,8 @@ def _slowest_link(group=None):
 
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
     """dist.all_reduce, for real; its emulated time is the ring's alpha-beta time on the
-    group's slowest link, from when the last rank called it."""
-    from ddnb.cost import allreduce_time
-
-    em = current()
-    start = _started_together(group)
-    dist.all_reduce(tensor, op=op, group=group)
-    n, link = dist.get_world_size(group), _slowest_link(group)
-    end = start + (allreduce_time("ring", _nbytes(tensor), n, link.alpha, 1 / link.bandwidth, 0.0) if n > 1 else 0)
-    em.advance_to(end)
-    em.occupy_links(end)
+    group's slowest link, from when the last rank called it (`EmulatedAllReduce`, waited)."""
+    EmulatedAllReduce(tensor, group, op).wait()
 
 
 class EmulatedAllReduce:
