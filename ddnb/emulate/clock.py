@@ -48,6 +48,10 @@ class Emulator:
     def __init__(self, profile: Profile, rank: int, world_size: int, epoch: float):
         self.profile, self.rank, self.world_size, self.epoch = profile, rank, world_size, epoch
         self.lock = threading.RLock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the clock at real time again, with free links and no counts."""
         self.t = max(0.0, self.real_now())
         self.free = {}             # (direction, link kind) -> emulated time the link is free
         self.syncs = self.overruns = 0
@@ -178,7 +182,7 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
 
         start_pacing(_EMULATOR)
     _warm_up(rank, world_size)
-    _EMULATOR.__init__(profile, rank, world_size, epoch)   # the warm-up's time and counts are not the run's
+    _EMULATOR.reset()   # the warm-up's time and counts are not the run's
     return profile.name
 
 
