@@ -86,6 +86,24 @@ def test_a_raising_rank_is_named(cluster):
     assert [g[0] for g in cluster.run(rank_info)] == [0, 1, 2]  # still usable
 
 
+def test_a_raising_rank_names_the_ranks_it_may_have_left_blocked(cluster):
+    def fail_while_others_wait():
+        import time
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            raise RuntimeError("stage 0 failed")
+        time.sleep(2)             # stands for ranks 1 and 2 waiting on a message from rank 0
+        return "done"
+
+    with pytest.raises(WorkerError, match=r"rank 1, rank 2 still running fail_while_others_wait: "
+                                          r"possibly blocked waiting for rank 0") as e:
+        cluster.run(fail_while_others_wait)
+    assert e.value.rank == 0 and "stage 0 failed" in str(e.value)
+    assert [g[0] for g in cluster.run(rank_info)] == [0, 1, 2]  # the sleepers finished: usable again
+
+
 def test_a_killed_engine_is_named_within_the_timeout():
     c = Cluster(n=3, timeout=20)
     pids = c.pids()

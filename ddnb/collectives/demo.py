@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ddnb.compat import all_gather_single, reduce_scatter_single
+
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter",
                "all_reduce", "all_to_all")
 
@@ -48,14 +50,12 @@ def run_collective(name: str, per_rank: int = 1) -> tuple[list | None, list | No
     if name == "all_gather":  # everyone gets everyone's buffer
         x = rank_data(rank, per_rank)
         out = torch.zeros(n * per_rank)
-        # all_gather_into_tensor is called all_gather_single from torch 2.13 on
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x)
+        all_gather_single(out, x)          # all_gather_into_tensor before torch 2.13
         return x.tolist(), out.tolist()
     if name == "reduce_scatter":  # the sum, cut into n pieces: rank r keeps piece r
         x = rank_data(rank, n * per_rank)
         out = torch.zeros(per_rank)
-        # reduce_scatter_tensor is called reduce_scatter_single from torch 2.13 on
-        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x)
+        reduce_scatter_single(out, x)      # reduce_scatter_tensor before torch 2.13
         return x.tolist(), out.tolist()
     if name == "all_reduce":  # everyone gets the sum
         x = rank_data(rank, per_rank)

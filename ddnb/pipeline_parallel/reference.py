@@ -72,8 +72,10 @@ def torch_pipeline_grads(model: nn.Sequential, schedule: str, inputs: torch.Tens
     if last:
         check_microbatches(targets.shape[0], microbatches)
     losses: list = []
-    kwargs = {"target": targets, "losses": losses} if last else {}
-    runner.step(*((inputs,) if first else ()), **kwargs)
+    # contiguous: torch 2.11's stages check each micro-batch's strides against the ones they
+    # inferred (a slice such as tokens[:, :-1] has stride (17, 1), not (16, 1))
+    kwargs = {"target": targets.contiguous(), "losses": losses} if last else {}
+    runner.step(*((inputs.contiguous(),) if first else ()), **kwargs)
     loss = float(sum(float(x.detach()) for x in losses) / microbatches) if losses else None
     return loss, [torch.zeros_like(q) if q.grad is None else q.grad.detach().clone()
                   for module in modules for q in module.parameters()]

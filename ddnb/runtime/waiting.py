@@ -31,8 +31,6 @@ def await_ranks(ars, engine_ids, ranks_of: dict, what: str, timeout: float, is_d
     dies. With allow_lost, a dead rank's result is a LostWorker and the others are waited
     for. is_dead(engine_id) and where(engine_id) come from the cluster."""
     deadline = time.monotonic() + timeout
-
-    deadline = time.monotonic() + timeout
     label = lambda k: (f"rank {ranks_of[engine_ids[k]]}" if engine_ids[k] in ranks_of
                        else f"engine {engine_ids[k]}")
     while True:
@@ -46,7 +44,8 @@ def await_ranks(ars, engine_ids, ranks_of: dict, what: str, timeout: float, is_d
         dead = [k for k in pending + failed if is_dead(engine_ids[k]) or engine_error(ars[k])]
         for k in failed:
             if k not in dead:
-                raise_remote(ars[k], label(k), what, ranks_of.get(engine_ids[k], -1))
+                raise_remote(ars[k], label(k), what, ranks_of.get(engine_ids[k], -1),
+                             still_running=[label(j) for j in pending])
         if allow_lost and all(k in dead for k in pending):
             return [LostWorker(ranks_of.get(engine_ids[k], -1), where(engine_ids[k])) if k in dead
                     else ar.get() for k, ar in enumerate(ars)]
@@ -81,12 +80,18 @@ def engine_error(ar) -> bool:
     return False
 
 
-def raise_remote(ar, label, what, rank):
+def raise_remote(ar, label, what, rank, still_running=()):
+    """Raise WorkerError for a task that raised. `still_running`: the labels of the ranks
+    whose part has not returned; they may be blocked waiting for this one, and the next
+    call would queue behind them until its deadline, so the message says so."""
+    blocked = (f"\n({', '.join(still_running)} still running {what}: possibly blocked waiting for "
+               f"{label}; if the next call times out, call cluster.restart())" if still_running else "")
     try:
         ar.get()
     except ipp.error.RemoteError as e:
         tb = getattr(e, "traceback", "") or ""
-        raise WorkerError(rank, f"{label} raised {e.ename}: {e.evalue}\n--- remote traceback ({label}) ---\n{tb}") from None
+        raise WorkerError(rank, f"{label} raised {e.ename}: {e.evalue}{blocked}\n"
+                                f"--- remote traceback ({label}) ---\n{tb}") from None
     except Exception as e:  # EngineError and the like
         raise WorkerError(rank, f"{label} failed while running {what}: {e}") from None
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddnb._checks import Checks
+from ddnb.compat import all_gather_single
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -116,4 +117,4 @@ class FlatUnit:
         storage = self.flat.untyped_storage()
         if storage.nbytes() == 0:
             storage.resize_(self.padded_numel * self.flat.element_size())
-        dist.all_gather_single(self.flat, shard.detach(), group=group)        # (N·S,) <- N x (S,)
+        all_gather_single(self.flat, shard.detach(), group=group)             # (N·S,) <- N x (S,)

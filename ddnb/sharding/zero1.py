@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddnb._checks import Checks, is_number
+from ddnb.compat import reduce_scatter_single
 from ddnb.cost.alpha_beta import allreduce_bytes_per_rank
 from ddnb.memory import tensor_bytes
 from ddnb.sharding.flat import FlatUnit, check_units, default_units
@@ -130,7 +131,7 @@ class ZeroStage1(nn.Module):
         """g (N·S,): this rank's gradient of unit u -> (S,) the mean over ranks of my slice."""
         mine = torch.empty(u.shard_numel, dtype=g.dtype, device=g.device)   # (S,)
         start = time.time()
-        dist.reduce_scatter_single(mine, g, group=self.group)          # Σ_r my slice of grad_r
+        reduce_scatter_single(mine, g, group=self.group)               # Σ_r my slice of grad_r
         self._count("reduce_scatter", u, g, start)
         return mine.div_(self.world_size)                              # the data-parallel mean
 
