@@ -1,0 +1,102 @@
+"""What every exercise checker shares: run the learner's function on real processes with a
+deadline, compare what each rank ends with against the reference, and answer with one
+line of success or an AssertionError that names the rank, the element, expected vs got,
+and what that pattern usually means.
+
+    from ddnb.exercises.core import run_on_ranks, compare, passed
+
+    def check_something(fn, world_size=3):
+        got = run_on_ranks(fn_wrapper, world_size, fn, what="your_function")  # per rank
+        for rank, g in enumerate(got):
+            compare(g, expected[rank], rank=rank, hint=diagnose(...))
+        return passed("check_something", "3 ranks, 4 sizes")
+
+The processes are a `ddnb.testing.World` per world size, kept between checks (a check
+costs a few ms after the first) and replaced when a learner's code broke it (a hang is
+killed at the deadline: the next check starts a fresh world). Functions defined in a
+notebook travel by value (cloudpickle), so a learner's cell is what runs.
+Used by every `check_*` in `ddnb.exercises`; taught from `notebooks/05_allreduce.ipynb` on.
+"""
+from __future__ import annotations
+
+import atexit
+
+import torch
+
+from ddnb.runtime.errors import WorkerError, WorkerLostError, WorkerTimeoutError
+
+DEFAULT_TIMEOUT = 30.0
+_worlds: dict = {}
+
+
+def _world(n: int):
+    from ddnb.testing import World
+
+    w = _worlds.get(n)
+    if w is None or w.broken:
+        w = _worlds[n] = World(n, timeout=60)
+    return w
+
+
+@atexit.register
+def close_worlds() -> None:
+    """Stop the checkers' processes (also at interpreter exit)."""
+    for w in _worlds.values():
+        if not w.broken:
+            w.close()
+    _worlds.clear()
+
+
+def run_on_ranks(fn, world_size: int, *args, what: str = "your function",
+                 timeout: float = DEFAULT_TIMEOUT, per_rank_args: list | None = None) -> list:
+    """fn(*args) (or fn(*per_rank_args[rank])) on `world_size` real processes of one gloo
+    process group; the results in rank order. A hang, a raise or a death of the learner's
+    code becomes an AssertionError naming the ranks, never a blocked notebook."""
+    world = _world(world_size)
+    try:
+        if per_rank_args is None:
+            return world.run(fn, *args, timeout=timeout)
+        return world.run_ranks(fn, per_rank_args, timeout=timeout)
+    except WorkerTimeoutError as e:
+        raise AssertionError(
+            f"{what} did not finish within {timeout:.0f} s on rank(s) {e.ranks}: a deadlock? Every send needs "
+            f"the matching receive on the other rank, in an order that cannot wait in a circle (post both "
+            f"with isend/irecv, or let even ranks send first)") from None
+    except WorkerError as e:
+        last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
+        raise AssertionError(f"{what} raised on rank {e.rank}: {last}") from None
+    except WorkerLostError as e:
+        raise AssertionError(f"{what}: rank(s) {e.ranks} died (the process exited): {e}") from None
+
+
+def first_mismatch(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5):
+    """(flat index, got value, expected value) of the first element that differs, else None.
+    Shapes must be equal (a shape difference is reported by `compare`)."""
+    g, e = got.detach().reshape(-1).double(), expected.detach().reshape(-1).double()
+    bad = ~torch.isclose(g, e, rtol=1e-5, atol=atol)
+    if not bool(bad.any()):
+        return None
+    i = int(bad.nonzero()[0])
+    return i, g[i].item(), e[i].item()
+
+
+def compare(got, expected: torch.Tensor, *, rank: int, name: str = "result", hint: str = "",
+            atol: float = 1e-5) -> None:
+    """AssertionError at the first difference between got and expected on `rank`:
+    '<name> on rank 2, element 5: expected 6.0, got 2.0. <hint>'."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{name} on rank {rank}: expected a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{name} on rank {rank}: expected shape {tuple(expected.shape)}, got "
+                             f"{tuple(got.shape)}. {hint}".rstrip())
+    bad = first_mismatch(got, expected, atol)
+    if bad is not None:
+        i, g, e = bad
+        raise AssertionError(f"{name} on rank {rank}, element {i}: expected {e:g}, got {g:g}. {hint}".rstrip())
+
+
+def passed(name: str, detail: str) -> str:
+    """Print and return the one-line success message of a checker."""
+    msg = f"✓ {name}: {detail}"
+    print(msg)
+    return msg
