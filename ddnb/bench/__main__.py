@@ -206,8 +206,9 @@ def _add_dp_parser(sub) -> None:
 
     p = sub.add_parser("dp", help="data-parallel step time per strategy (naive, bucketed, ddp, horovod)",
                        description=dp_doc.split("\n\n")[2])
-    p.add_argument("--workers", default=2, help="gloo processes (default 2)",
-                   type=_at_least(2, why=" workers (data parallelism over one rank syncs nothing)"))
+    p.add_argument("--workers", default=[2], type=_ints,
+                   help="gloo processes, or a comma list for a weak-scaling run with efficiency T(1)/T(N) "
+                        "(e.g. 1,2,4,8; default 2)")
     p.add_argument("--models", type=_names(tuple(MODELS)), default=list(MODELS),
                    help=f"comma list of {', '.join(MODELS)} (default: both)")
     p.add_argument("--strategies", type=_names(STRATEGIES), default=None,
@@ -230,13 +231,19 @@ def _add_dp_parser(sub) -> None:
 
 
 def _cmd_dp(parser, args) -> int:
-    from ddnb.bench.dp import STRATEGIES, dp_benchmark, dp_table
+    from ddnb.bench.dp import STRATEGIES, add_model_columns, dp_benchmark, dp_scaling, dp_table, scaling_table
     from ddnb.data_parallel.naive import allreduce_names
     from ddnb.runtime.horovod import horovod_available
 
     emulate = _emulated(parser, args)
+    scaling = len(args.workers) > 1
+    if not scaling and args.workers[0] < 2:
+        parser.error("--workers: need an integer >= 2 workers (data parallelism over one rank syncs nothing), "
+                     "or a comma list such as 1,2,4 for a scaling run")
     strategies = args.strategies or [s for s in STRATEGIES
-                                     if s != "horovod" or (horovod_available() and emulate is None)]
+                                     if s != "horovod" or (horovod_available() and emulate is None and not scaling)]
+    if scaling and "horovod" in strategies:
+        parser.error("--strategies: horovod is measured at one worker count only (it needs a world of its own)")
     if "horovod" in strategies and not horovod_available():
         parser.error("--strategies includes horovod, but Horovod with PyTorch is not installed")
     if "horovod" in strategies and emulate is not None:
@@ -248,22 +255,30 @@ def _cmd_dp(parser, args) -> int:
         parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
     out = sys.stderr if args.json else sys.stdout
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
-    print(f"data-parallel training step on {args.workers} gloo processes (ddnb.testing.World), batch {args.batch} "
+    print(f"data-parallel training step on {','.join(map(str, args.workers))} gloo processes (ddnb.testing.World), batch {args.batch} "
           f"per rank, median of {args.steps} steps; bucketed: {args.bucket_mb:g} MB buckets, {args.allreduce} "
           f"all-reduce; {_load()}", file=out, flush=True)
     if emulate is not None:
         print(f"{emulate}: every time below is emulated seconds of this profile", file=sys.stderr if args.json
               else sys.stdout, flush=True)
-    rows = dp_benchmark(args.workers, args.models, strategies, args.batch, args.steps, args.warmup, args.rounds,
-                        args.bucket_mb, args.allreduce, timeout=args.timeout, log=log, emulate=emulate)
+    kwargs = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, allreduce=args.allreduce,
+                  timeout=args.timeout, log=log)
+    if scaling:
+        rows = dp_scaling(args.workers, args.models, strategies, args.batch, emulate, args.bucket_mb, **kwargs)
+    else:
+        rows = dp_benchmark(args.workers[0], args.models, strategies, args.batch, bucket_mb=args.bucket_mb,
+                            emulate=emulate, **kwargs)
+        if emulate is not None:
+            add_model_columns(rows, emulate, batch=args.batch, bucket_mb=args.bucket_mb)
     if emulate is not None:
-        print(rows[0]["emulation"], file=sys.stderr if args.json else sys.stdout)
+        for n in args.workers:
+            print(f"{n} worker(s): " + next(r["emulation"] for r in rows if r["workers"] == n), file=out)
     print(f"done; {_load()} (other processes on these cores slow every measurement); "
           f"{rows[0]['threads']} intra-op thread(s) per rank", file=out)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(dp_table(rows))
+        print(scaling_table(rows) if scaling or emulate is not None else dp_table(rows))
     return 0
 
 

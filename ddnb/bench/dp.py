@@ -2,6 +2,7 @@
 
     python -m ddnb.bench dp --workers 2 --json
     python -m ddnb.bench dp --workers 4 --bucket-mb 5 --allreduce ring
+    python -m ddnb.bench dp --workers 1,2,4,8 --emulate ib --slowdown 1500 --json
 
 Times one training step (zero_grad, forward, backward, gradient sync, SGD step) per
 strategy, on a `ddnb.testing.World` of `--workers` gloo processes, for two models of
@@ -26,7 +27,16 @@ few steps each, `--rounds` times, so that background load hits them alike. A ste
 is the slowest rank's; a row reports the median over the timed steps (after `--warmup`),
 `ddp_step_time` (DDP's, same model, same run) and, for "bucketed", the fraction of its
 communication hidden behind backward (`ddnb.data_parallel.overlap_stats` on its trace).
-Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`.
+Several worker counts (`--workers 1,2,4,8`) make a weak-scaling run (the batch per rank
+fixed): each row gains `efficiency` = T(1) / T(N) for its model and strategy. In an
+emulated cluster each row also carries the model of the same step (`ddnb.cost.dp_step`:
+the device's roofline for compute, the ring's alpha-beta time per all-reduce, the
+buckets placed on the link as each strategy issues them): `model_step_time`,
+`model_efficiency`, `model_overlap`, and `error` = step_time / model_step_time - 1.
+The emulated times come from the run (real hooks, real messages, paced operations), the
+model from the formula: a bucketing or overlap bug shows as a gap between them.
+Taught in `notebooks/06_data_parallelism.ipynb`, `notebooks/07_horovod.ipynb` and
+`notebooks/12_scalability.ipynb`.
 """
 from __future__ import annotations
 
@@ -221,4 +231,76 @@ def dp_table(rows: list[dict]) -> str:
         comm = "" if r["comm_time"] is None else f"{r['comm_time'] * 1e3:.2f} ms"
         lines.append(f"{r['model']:<11} {r['strategy']:<9} {r['step_time'] * 1e3:>7.2f} ms {ratio:>7} {overlap:>8} "
                      f"{comm:>10}")
+    return "\n".join(lines)
+
+
+def add_model_columns(rows: list[dict], profile, batch: int = 32, bucket_mb: float = 25.0, **model_kwargs) -> list[dict]:
+    """Add model_step_time, model_overlap and error (step_time / model - 1) to every row
+    (`ddnb.cost.dp_step` on `profile`: the rows' model, batch and worker count; DDP with
+    its default buckets, 25 MiB after a first of 1 MiB; bucketed with `bucket_mb`)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddnb.cost.dp_step import compute_times, dp_step_time
+    from ddnb.data_parallel.bucketed import FIRST_BUCKET_MB, MB
+    from ddnb.emulate import get_profile
+
+    profile = get_profile(profile)
+    cache = {}
+    for r in rows:
+        if r["model"] not in cache:
+            model = bench_model(r["model"], **model_kwargs)
+            w = model[0].in_features
+            x, y = torch.zeros(batch, w), torch.zeros(batch, w)   # (B, width): the cost depends on shapes only
+            cache[r["model"]] = compute_times(model, x, y, F.mse_loss, profile)
+        n = r["workers"]
+        link = profile.inter if len({profile.host(k) for k in range(n)}) > 1 else profile.intra
+        buckets = (int(bucket_mb * MB), int(min(FIRST_BUCKET_MB, bucket_mb) * MB)) if r["strategy"] == "bucketed" \
+            else (25 * MB, 1 * MB)
+        m = dp_step_time(cache[r["model"]], r["strategy"], n, link.alpha, link.bandwidth, *buckets,
+                         memory_bandwidth=profile.memory_bandwidth)
+        r.update(model_step_time=m["step_time"], model_overlap=m["overlap"],
+                 error=r["step_time"] / m["step_time"] - 1)
+    return rows
+
+
+def add_efficiency(rows: list[dict]) -> list[dict]:
+    """efficiency = T(1) / T(N) (weak scaling) for each row's model and strategy, and
+    model_efficiency likewise from model_step_time where present; None without a 1-worker row."""
+    for r in rows:
+        one = next((o for o in rows if o["workers"] == 1 and o["model"] == r["model"]
+                    and o["strategy"] == r["strategy"]), None)
+        r["efficiency"] = None if one is None else one["step_time"] / r["step_time"]
+        if "model_step_time" in r:
+            r["model_efficiency"] = None if one is None else one["model_step_time"] / r["model_step_time"]
+    return rows
+
+
+def dp_scaling(workers: list[int], models=tuple(MODELS), strategies=("naive", "bucketed", "ddp"), batch: int = 32,
+               emulate=None, bucket_mb: float = 25.0, **kwargs) -> list[dict]:
+    """`dp_benchmark` for each worker count in turn (one World at a time), the rows
+    joined, with `add_model_columns` (emulated only) and `add_efficiency`."""
+    rows = []
+    for n in workers:
+        got = dp_benchmark(n, models, strategies, batch=batch, emulate=emulate, bucket_mb=bucket_mb, **kwargs)
+        if emulate is not None:
+            add_model_columns(got, emulate, batch=batch, bucket_mb=bucket_mb,
+                              **{k: kwargs[k] for k in ("width", "layers") if k in kwargs})
+        rows += got
+    return add_efficiency(rows)
+
+
+def scaling_table(rows: list[dict]) -> str:
+    """One line per (model, strategy, workers): step time, efficiency, overlap, and the model's."""
+    modeled = any("model_step_time" in r for r in rows)
+    head = f"{'model':<11} {'strategy':<9} {'N':>3} {'step time':>11} {'eff':>6} {'overlap':>8}"
+    lines = [head + (f" {'model step':>11} {'eff':>6} {'overlap':>8} {'error':>7}" if modeled else "")]
+    pct = lambda v: "" if v is None else f"{v:.0%}"  # noqa: E731
+    for r in sorted(rows, key=lambda r: (r["model"], r["strategy"], r["workers"])):
+        line = (f"{r['model']:<11} {r['strategy']:<9} {r['workers']:>3} {r['step_time'] * 1e3:>8.3f} ms "
+                f"{pct(r['efficiency']):>6} {pct(r['overlap']):>8}")
+        if modeled:
+            line += (f" {r['model_step_time'] * 1e3:>8.3f} ms {pct(r['model_efficiency']):>6} "
+                     f"{pct(r['model_overlap']):>8} {r['error']:>+7.1%}")
+        lines.append(line)
     return "\n".join(lines)
