@@ -95,3 +95,16 @@ def test_emulated_scaling_rows_carry_the_model():
         assert r["error"] == pytest.approx(r["step_time"] / r["model_step_time"] - 1)
         assert r["efficiency"] == (1.0 if r["workers"] == 1 else pytest.approx(
             next(o["step_time"] for o in rows if o["workers"] == 1 and o["strategy"] == r["strategy"]) / r["step_time"]))
+
+
+@pytest.mark.parametrize("sizes", [[4096, 4194304, 4096, 4194304, 4096, 4194304], [100] * 7, [3 << 20, 8, 30 << 20, 8]])
+def test_ddp_buckets_are_torchs(sizes):
+    import torch.distributed as dist
+
+    from ddnb.cost.dp_step import ddp_buckets
+
+    params = [torch.empty(n // 4) for n in sizes]
+    theirs, _ = dist._compute_bucket_assignment_by_size(list(reversed(params)), [1 << 20, 25 << 20],
+                                                         [False] * len(params))
+    n = len(sizes)
+    assert ddp_buckets(sizes, [F32] * n, 25 << 20, 1 << 20) == [[n - 1 - i for i in b] for b in theirs]

@@ -155,3 +155,24 @@ def test_worker_count_explorer_draws_efficiency_from_a_fake_cluster():
     superlinear = plot_scaling({1: 4.0, 2: 1.0})    # efficiency 2: drawn on the chart, not clipped
     assert superlinear[1].get_ylim()[1] == pytest.approx(2.2)
     plt.close("all")
+
+
+def test_profile_picker_named_custom_and_callbacks():
+    from ddnb.emulate import PROFILES
+    from ddnb.viz import ProfilePicker
+
+    picker = ProfilePicker("10gbe", slowdown=300)
+    assert picker.profile == PROFILES["10gbe"].with_(slowdown=300.0)
+    seen = []
+    picker.on_change(seen.append)
+    picker.menu.value = "InfiniBand HDR + NVLink (DGX A100)"
+    assert picker.profile == PROFILES["ib"] and seen[-1] is picker.profile
+    assert picker.bandwidth.value == pytest.approx(25.0)           # the inter-host link, GB/s
+    picker.bandwidth.value = 1.0                                    # a slider makes it custom
+    p = picker.profile
+    assert picker.menu.value == "custom" and p.name == "custom"
+    assert p.inter.bandwidth == pytest.approx(1e9) and p.inter.alpha == pytest.approx(PROFILES["ib"].inter.alpha)
+    assert p.peak_flops == pytest.approx(PROFILES["ib"].peak_flops) and seen[-1] is p
+    assert "custom" in picker.status.value
+    with pytest.raises(ValueError, match="not a profile"):
+        ProfilePicker("infiniband")

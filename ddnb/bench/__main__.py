@@ -231,7 +231,7 @@ def _add_dp_parser(sub) -> None:
 
 
 def _cmd_dp(parser, args) -> int:
-    from ddnb.bench.dp import STRATEGIES, add_model_columns, dp_benchmark, dp_scaling, dp_table, scaling_table
+    from ddnb.bench.dp import STRATEGIES, add_model_columns, dp_benchmark, dp_scaling, dp_scaling_table, dp_table
     from ddnb.data_parallel.naive import allreduce_names
     from ddnb.runtime.horovod import horovod_available
 
@@ -278,7 +278,7 @@ def _cmd_dp(parser, args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(scaling_table(rows) if scaling or emulate is not None else dp_table(rows))
+        print(dp_scaling_table(rows) if scaling or emulate is not None else dp_table(rows))
     return 0
 
 

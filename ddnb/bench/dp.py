@@ -290,7 +290,7 @@ def dp_scaling(workers: list[int], models=tuple(MODELS), strategies=("naive", "b
     return add_efficiency(rows)
 
 
-def scaling_table(rows: list[dict]) -> str:
+def dp_scaling_table(rows: list[dict]) -> str:
     """One line per (model, strategy, workers): step time, efficiency, overlap, and the model's."""
     modeled = any("model_step_time" in r for r in rows)
     head = f"{'model':<11} {'strategy':<9} {'N':>3} {'step time':>11} {'eff':>6} {'overlap':>8}"

@@ -13,8 +13,9 @@ Communication, on N workers over the profile's link (alpha, B), the ring all-red
 bytes taking 2(N-1) alpha + 2 (N-1)/N n / B (Patarasuk & Yuan 2009; `cost.allreduce_time`):
 
     naive      T = F + Bw + sum_p ring(n_p) + U            (one all-reduce per tensor, after backward)
-    bucketed   buckets in reverse registration order (`assign_buckets`); bucket k is ready
-    / ddp      at r_k (its last gradient); the link sends one bucket at a time:
+    bucketed   buckets in reverse registration order (`assign_buckets`; DDP's own rule for
+    / ddp      ddp, `ddp_buckets`); bucket k is ready at r_k (its last gradient); the link
+               sends one bucket at a time:
                    s_k = max(r_k, e_{k-1}),  e_k = s_k + ring(n_k)
                T = F + max(Bw, e_last) + U                 (Li et al. 2020, "PyTorch Distributed", Sec. 3.2)
 
@@ -123,6 +124,24 @@ def _union_before(intervals, end: float) -> tuple[float, float]:
     return total, hidden
 
 
+def ddp_buckets(nbytes: list[int], dtypes: list, bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:
+    """DDP's buckets once rebuilt after the first step (gradients ready in reverse
+    registration order): a parameter is added, then the bucket closes when it holds at
+    least its limit, the first bucket's being `first_bucket_bytes` (torch's
+    `_compute_bucket_assignment_by_size`). Unlike `assign_buckets`, which closes a bucket
+    before a parameter would overfill it, the 1 MiB first bucket can hold a 4 MiB weight."""
+    buckets, open_ = [], {}
+    for i in reversed(range(len(nbytes))):
+        members, size = open_.get(dtypes[i], ([], 0))
+        members, size = members + [i], size + nbytes[i]
+        if size >= (first_bucket_bytes if not buckets else bucket_bytes):
+            buckets.append(members)
+            open_.pop(dtypes[i], None)
+        else:
+            open_[dtypes[i]] = (members, size)
+    return buckets + [m for m, _ in open_.values()]
+
+
 # passes of n bytes over memory per gradient byte: (when a bucket is full, after the last all-reduce)
 WRAPPER_PASSES = {"naive": (0.0, 1.0), "bucketed": (2.0, 1.0), "ddp": (2.5, 1.5)}
 
@@ -155,7 +174,8 @@ def dp_step_time(times: ComputeTimes, strategy: str, workers: int, alpha: float,
         divide = sum(passes(n, after) for n in times.nbytes)
         return {"step_time": f + bw + comm + divide + u, "comm": comm, "overlap": None}
     end, delay, intervals = 0.0, 0.0, []
-    for bucket in assign_buckets(times.nbytes, times.dtypes, bucket_bytes, first_bucket_bytes):
+    layout = ddp_buckets if strategy == "ddp" else assign_buckets
+    for bucket in layout(times.nbytes, times.dtypes, bucket_bytes, first_bucket_bytes or bucket_bytes):
         n = sum(times.nbytes[i] for i in bucket)
         delay += passes(n, full)                       # copy in and divide: backward waits for it
         r = max(times.ready[i] for i in bucket) + delay

@@ -11,8 +11,10 @@ from ddnb.viz.growth import plot_model_growth
 from ddnb.viz.memory import plot_memory
 from ddnb.viz.memory_calculator import MemoryCalculator, plot_training_memory
 from ddnb.viz.pipeline import PipelineExplorer, plot_activation_peaks, plot_bubble, plot_pipeline, plot_schedule
+from ddnb.viz.profile_picker import ProfilePicker
 from ddnb.viz.scaling import plot_scaling, plot_time_vs_workers, scaling_table
-from ddnb.viz.scaling_model import ScalingExplorer, plot_efficiency, plot_predicted_vs_measured, plot_step_times
+from ddnb.viz.scaling_model import (ScalingExplorer, plot_efficiency, plot_emulated_scaling, plot_predicted_vs_measured,
+                                    plot_step_times)
 from ddnb.viz.sharding import ZeroMemoryExplorer, plot_zero_stages
 from ddnb.viz.single_device import plot_loader_throughput, plot_step_throughput, plot_training_days
 from ddnb.viz.tasks import plot_ensemble, plot_search, plot_task_timeline
@@ -21,6 +23,8 @@ from ddnb.viz.timeline import plot_timeline
 from ddnb.viz.widgets import WorkerCountExplorer
 
 __all__ = [
+    "ProfilePicker",
+    "plot_emulated_scaling",
     # 00, 03, 05: collectives and all-reduce
     "AllreduceAnimation", "WorkerCountExplorer", "allreduce_steps", "plot_allreduce_steps", "plot_allreduce_times",
     "plot_buffers", "plot_bytes_per_rank", "plot_time_vs_workers", "plot_timeline",

@@ -78,6 +78,28 @@ def plot_predicted_vs_measured(measured: dict[str, dict[int, float]], predicted:
     return ax
 
 
+def plot_emulated_scaling(rows: list[dict], title: str = "", ax=None):
+    """Weak-scaling efficiency T(1)/T(N) per strategy from `ddnb.bench.dp.dp_scaling`'s
+    rows: the emulated run as markers, `ddnb.cost.dp_step`'s model as lines. Returns the Axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.8))
+    strategies = sorted({r["strategy"] for r in rows})
+    workers = sorted({r["workers"] for r in rows})
+    for k, s in enumerate(strategies):
+        mine = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["workers"])
+        color = f"C{k}"
+        ax.plot([r["workers"] for r in mine], [r["model_efficiency"] for r in mine], "-", color=color,
+                label=f"{s}: model")
+        ax.plot([r["workers"] for r in mine], [r["efficiency"] for r in mine], "o", color=color,
+                label=f"{s}: emulated run")
+    _log2_workers(ax, workers)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("efficiency T(1) / T(N)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax
+
+
 class ScalingExplorer:
     """Choose a model (num_params, bytes_per_param, compute seconds per step), a network
     (or type its bandwidth and latency) and algorithms; draws the predicted step time and
