@@ -11,5 +11,10 @@ live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter mo
 """
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
+from ddnb.exercises.data_parallel import check_comm_hook
+from ddnb.exercises.pipeline import check_1f1b
+from ddnb.exercises.predict import check_prediction
+from ddnb.exercises.tensor_parallel import check_column_parallel
 
-__all__ = ["check_allreduce", "close_worlds", "compare", "passed", "run_on_ranks"]
+__all__ = ["check_1f1b", "check_allreduce", "check_column_parallel", "check_comm_hook", "check_prediction",
+           "close_worlds", "compare", "passed", "run_on_ranks"]
