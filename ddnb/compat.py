@@ -5,6 +5,7 @@ torch 2.1-2.12 call them `all_gather_into_tensor` and `reduce_scatter_tensor` (s
 arguments: output, input, op, group, async_op). ddnb calls them through here, so that the
 code written against the CPU build pinned for CI (2.13) also runs on the CUDA build a GPU
 machine has (found on an H200 with torch 2.11: ZeRO stopped at `reduce_scatter_single`).
+Used by `notebooks/03_collectives.ipynb` (the collectives demo) and `notebooks/11_memory_sharding.ipynb` (ZeRO).
 """
 from __future__ import annotations
 

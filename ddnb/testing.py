@@ -164,7 +164,7 @@ class World:
             if emulate is not None:
                 from ddnb.runtime.placement import emulated_profile
 
-                profile = emulated_profile(emulate, check)
+                profile = emulated_profile(emulate, check, n)
                 check.rule(not horovod, "emulate with horovod=True: Horovod is not emulated (its collectives "
                                         "would run at real speed)")
         self.threads = threads_for(n, threads)   # intra-op threads of every rank

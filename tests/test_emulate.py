@@ -11,7 +11,7 @@ import torch
 
 from ddnb import emulate
 from ddnb.collectives import ALLREDUCES
-from ddnb.emulate import Link, Profile, custom, get_profile
+from ddnb.emulate import PROFILES, Link, Profile, custom, get_profile
 from ddnb.testing import World
 
 ALPHA, BW, PEAK = 1e-3, 1e8, 1e9     # 1 ms, 100 MB/s, 1 GFLOP/s; x slowdown 20 = 20 ms real per message
@@ -235,3 +235,18 @@ def test_data_parallel_runs_emulated_with_the_same_gradients(strategy):
     rows = dp_benchmark(2, ["many_small"], [strategy], steps=2, warmup=1, rounds=1, emulate=SLOW, timeout=120,
                         width=16, layers=3)
     assert rows[0]["emulated"] == "custom" and rows[0]["step_time"] > 2 * ALPHA   # at least one all-reduce's latency
+
+
+def test_named_profiles_scale_their_slowdown_with_workers_per_core():
+    import os
+
+    from ddnb.runtime.placement import emulated_profile, scaled_slowdown
+    from ddnb._checks import Checks
+
+    assert scaled_slowdown(500, 16, cores=2) == 4000 and scaled_slowdown(500, 1, cores=2) == 500
+    cores = len(os.sched_getaffinity(0))
+    check = Checks("t")
+    assert emulated_profile("ib", check, workers=4 * cores).slowdown == 4 * PROFILES["ib"].slowdown
+    custom_profile = PROFILES["ib"].with_(slowdown=7.0)
+    assert emulated_profile(custom_profile, check, workers=4 * cores).slowdown == 7.0   # a Profile is used as given
+    check.done()

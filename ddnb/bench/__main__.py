@@ -85,8 +85,14 @@ def _emulated(parser, args):
         return None
     from ddnb.emulate import get_profile
 
+    from ddnb.runtime.placement import scaled_slowdown
+
     profile = get_profile(args.emulate)
-    return profile.with_(slowdown=args.slowdown) if args.slowdown else profile
+    if args.slowdown:
+        return profile.with_(slowdown=args.slowdown)
+    workers = getattr(args, "workers", None) or getattr(args, "stages", 1)   # the largest world of the run
+    workers = max(workers) if isinstance(workers, list) else workers
+    return profile.with_(slowdown=scaled_slowdown(profile.slowdown, workers))
 
 
 def _cmd_allreduce(parser, args) -> int:

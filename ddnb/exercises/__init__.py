@@ -8,6 +8,7 @@ LLM-Training-Puzzles' checkers, on a real process group).
 
 `core` holds the shared runner (deadline, errors) and comparison; each chapter's checkers
 live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter module>`.
+Used from `notebooks/00_getting_started.ipynb` to `notebooks/12_scalability.ipynb`, three or more per notebook.
 """
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks

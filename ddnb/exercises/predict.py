@@ -8,7 +8,8 @@ computes it; `check_prediction` compares the two and explains the difference.
 
 A prediction is a number the learner commits to, so a wrong one is a lesson, not an
 error in the notebook: the checker raises AssertionError with the expected value, the
-ratio, and the reasoning (`why`). Used by the "predict" exercises of every chapter.
+ratio, and the reasoning (`why`). Used by the "predict" exercises of every chapter, first in
+`notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
 

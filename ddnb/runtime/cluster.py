@@ -65,7 +65,8 @@ class Cluster:
     emulate : None (real mode: this machine's processes and wall-clock times), or a profile
         (a name in `ddnb.emulate.PROFILES`: "10gbe", "ib", "nvlink", or a `Profile`): the
         workers become an emulated cluster of that hardware (`ddnb.emulate`). Every worker
-        must be on this host; Horovod is not emulated.
+        must be on this host; Horovod is not emulated. A name's slowdown grows with the
+        workers per core (`placement.scaled_slowdown`); a Profile's is used as given.
     """
 
     def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,
@@ -81,7 +82,7 @@ class Cluster:
             check.integer("threads", threads, min=1, none=True)
             check.rule(not horovod or horovod_rt.horovod_available(), "horovod=True but Horovod with PyTorch "
                        "is not installed (run `make lab` or scripts/install_horovod.sh)")
-            self.emulate = emulated_profile(emulate, check)
+            self.emulate = emulated_profile(emulate, check, n)
             check.rule(not (horovod and emulate is not None), "emulate with horovod=True: Horovod is not "
                        "emulated (its collectives would run at real speed)")
         self.n, self.backend_requested, self.horovod = n, backend, horovod

@@ -58,13 +58,30 @@ def check_n(n, allow_none: bool = False, check: Checks | None = None) -> None:
         c.done()
 
 
-def emulated_profile(emulate, check: Checks):
-    """The emulated cluster's Profile (None: real mode); a bad one is a problem in `check`."""
+def emulated_profile(emulate, check: Checks, workers: int | None = None):
+    """The emulated cluster's Profile (None: real mode); a bad one is a problem in `check`.
+    A profile given by name gets `scaled_slowdown` for `workers` on this machine's cores; a
+    Profile object is used as given (its slowdown is the caller's choice)."""
     if emulate is None:
         return None
     from ddnb.emulate import get_profile
 
     try:
-        return get_profile(emulate)
+        profile = get_profile(emulate)
     except ValueError as e:
         check.rule(False, str(e))
+        return None
+    if isinstance(emulate, str) and isinstance(workers, int) and workers >= 1:
+        profile = profile.with_(slowdown=scaled_slowdown(profile.slowdown, workers))
+    return profile
+
+
+def scaled_slowdown(slowdown: float, workers: int, cores: int | None = None) -> float:
+    """A named profile's slowdown is set for one worker per core; with more workers than
+    cores each gets 1/(workers/cores) of a core, so its real work takes that much longer
+    and the dilation grows by the same factor: slowdown x max(1, workers / cores)."""
+    import os
+
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return slowdown * max(1.0, workers / cores)

@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.collectives` (notebook 05)."""
+"""Solutions of `ddnb.exercises.collectives` (`notebooks/05_allreduce.ipynb`)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.data_parallel` (notebook 06)."""
+"""Solution of `ddnb.exercises.data_parallel` (`notebooks/06_data_parallelism.ipynb`)."""
 from __future__ import annotations
 
 import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.pipeline` (notebook 09)."""
+"""Solution of `ddnb.exercises.pipeline` (`notebooks/09_pipeline_parallelism.ipynb`)."""
 from __future__ import annotations
 
 

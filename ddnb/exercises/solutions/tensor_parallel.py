@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.tensor_parallel` (notebook 10)."""
+"""Solution of `ddnb.exercises.tensor_parallel` (`notebooks/10_tensor_parallelism.ipynb`)."""
 from __future__ import annotations
 
 import torch
