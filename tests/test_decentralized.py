@@ -203,3 +203,18 @@ def test_a_straggler_changes_the_timing_not_the_arithmetic(world):
     config = DecentralizedConfig(topology="ring", steps=6, straggler_rank=2, straggler_delay=0.02)
     results = world(4).run(TRAIN["adpsgd"], config, MODEL, TRAIN_SET)
     assert (params(results) - simulate("adpsgd", config, MODEL, TRAIN_SET, 4)).abs().max().item() < 1e-6
+
+
+# --- Hogwild! ------------------------------------------------------------------------
+
+def test_hogwild_one_process_is_serial_sgd_and_two_processes_learn():
+    from ddnb.decentralized.hogwild import hogwild, serial_sgd, sparse_logistic
+
+    data = sparse_logistic(examples=1000, dim=200, nnz=5)
+    one = hogwild(data, processes=1, steps=400)
+    assert torch.equal(one["w"], serial_sgd(data, steps=400)) and one["conflicts"] == 0 and one["updates"] == 400
+    two = hogwild(data, processes=2, steps=800)
+    assert two["updates"] == 1600 and 0 <= two["conflict_rate"] <= 1
+    assert two["loss"] < 0.6 * two["loss_before"]         # log 2 = 0.693 at w = 0
+    with pytest.raises(ValueError, match=r"nnz=300 > dim=200"):
+        sparse_logistic(dim=200, nnz=300)
