@@ -175,7 +175,7 @@ def test_complete_graph_dpsgd_equals_allreduce_sgd_and_local_sgd_h1(world):
 
 @pytest.mark.parametrize("method, kw", [("allreduce_sgd", {}), ("local_sgd", {"local_steps": 3}),
                                         ("dpsgd", {"topology": "ring"}), ("dpsgd", {"order": "lian"}),
-                                        ("adpsgd", {}), ("easgd", {"local_steps": 2})])
+                                        ("adpsgd", {}), ("easgd", {"local_steps": 2}), ("decentralized_ps", {})])
 def test_with_one_worker_every_method_is_single_process_sgd(world, method, kw):
     config = DecentralizedConfig(steps=12, lr=0.1, **kw)
     (result,) = world(1).run(TRAIN[method], config, MODEL, TRAIN_SET)
@@ -203,6 +203,17 @@ def test_a_straggler_changes_the_timing_not_the_arithmetic(world):
     config = DecentralizedConfig(topology="ring", steps=6, straggler_rank=2, straggler_delay=0.02)
     results = world(4).run(TRAIN["adpsgd"], config, MODEL, TRAIN_SET)
     assert (params(results) - simulate("adpsgd", config, MODEL, TRAIN_SET, 4)).abs().max().item() < 1e-6
+
+
+def test_decentralized_ps_converges_with_exact_bytes_and_no_server_rank(world):
+    config = DecentralizedConfig(steps=60, lr=0.1, straggler_rank=3, straggler_delay=0.002)
+    results = world(4).run(TRAIN["decentralized_ps"], config, MODEL, TRAIN_SET, TEST_SET)
+    assert results[0]["measured"][-1]["accuracy"] > 0.8
+    assert all(torch.equal(r["params"], results[0]["params"]) for r in results)   # one model, in shards
+    assert [r["updates"] for r in results] == [4 * 60] * 4                      # every push applied once
+    predicted = run_bytes("decentralized_ps", config, 4, NUMEL)
+    assert [r["bytes_sent"] for r in results] == [p["sent"] for p in predicted]
+    assert [r["bytes_received"] for r in results] == [p["received"] for p in predicted]
 
 
 # --- Hogwild! ------------------------------------------------------------------------

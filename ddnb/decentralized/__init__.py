@@ -16,6 +16,8 @@ goes through `ddnb.collectives.p2p`, so every byte is in the trace.
     adpsgd.py      AD-PSGD (Lian et al. 2018): pairwise averaging on a matching schedule
     local_sgd.py   local SGD / periodic averaging (Stich 2019; Lin et al. 2020); all-reduce SGD
     easgd.py       EASGD (Zhang, Choromanska & LeCun 2015): elastic pull toward a center
+    decentralized_ps.py   shards held and served by the workers themselves (ASP), no server rank
+    hogwild.py     Hogwild! (Recht et al. 2011): lock-free updates of shared memory, conflict rate
     cost.py        the bytes each method sends and receives, as formulas
     reference.py   every method simulated in one process (what the tests compare with)
 
@@ -24,6 +26,7 @@ Taught in `notebooks/05b_decentralized.ipynb`.
 from ddnb.decentralized.adpsgd import matching, train_adpsgd
 from ddnb.decentralized.config import ORDERS, DecentralizedConfig
 from ddnb.decentralized.cost import METHODS, per_step, ring_allreduce_bytes, run_bytes
+from ddnb.decentralized.decentralized_ps import train_decentralized_ps
 from ddnb.decentralized.dpsgd import train_dpsgd
 from ddnb.decentralized.easgd import train_easgd
 from ddnb.decentralized.gossip import consensus_distance, gossip, mean_params, start_gossip
@@ -33,10 +36,10 @@ from ddnb.decentralized.topology import (TOPOLOGIES, Topology, check_mixing, com
                                          metropolis_hastings, ring, spectral_gap, topology, torus)
 
 TRAIN = {"allreduce_sgd": train_allreduce_sgd, "local_sgd": train_local_sgd, "dpsgd": train_dpsgd,
-         "adpsgd": train_adpsgd, "easgd": train_easgd}
+         "adpsgd": train_adpsgd, "easgd": train_easgd, "decentralized_ps": train_decentralized_ps}
 
 __all__ = ["DecentralizedConfig", "METHODS", "ORDERS", "SIMULATED", "TOPOLOGIES", "TRAIN", "Topology",
            "averages_after", "check_mixing", "complete", "consensus_distance", "exponential", "from_matrix",
            "gossip", "matching", "mean_params", "metropolis_hastings", "per_step", "ring", "ring_allreduce_bytes",
            "run_bytes", "simulate", "spectral_gap", "start_gossip", "topology", "torus", "train_adpsgd",
-           "train_allreduce_sgd", "train_dpsgd", "train_easgd", "train_local_sgd"]
+           "train_allreduce_sgd", "train_decentralized_ps", "train_dpsgd", "train_easgd", "train_local_sgd"]

@@ -7,6 +7,7 @@ only, S = numel · element_size bytes of parameters, N workers, T steps:
     D-PSGD                    T · k · out_degree · S    received: k · in_degree · S
     AD-PSGD                   M_r · S each way          M_r: steps in which rank r is matched
     EASGD                     C · S each way            rank 0: C · (N-1) · S; C = ceil(T / tau)
+    decentralized PS          T·(S - S_r) + T·(N-1)·S_r + headers, each way (`decentralized_ps_bytes`)
     central PS (04, BSP)      T · S each way            the server: T · N · S each way
 
 (c_j: chunk j of the ring's split of the vector, `ddnb.collectives.chunk_bounds`.)
@@ -17,11 +18,12 @@ from __future__ import annotations
 from ddnb.collectives import chunk_bounds
 from ddnb.decentralized.adpsgd import matching
 from ddnb.decentralized.config import DecentralizedConfig
+from ddnb.decentralized.decentralized_ps import decentralized_ps_bytes
 from ddnb.decentralized.easgd import communications
 from ddnb.decentralized.local_sgd import averages_after
 from ddnb.decentralized.topology import topology
 
-METHODS = ("allreduce_sgd", "local_sgd", "dpsgd", "adpsgd", "easgd")
+METHODS = ("allreduce_sgd", "local_sgd", "dpsgd", "adpsgd", "easgd", "decentralized_ps")
 
 
 def ring_allreduce_bytes(numel: int, n: int, element_size: int = 4) -> list[dict]:
@@ -43,6 +45,8 @@ def run_bytes(method: str, config: DecentralizedConfig, n: int, numel: int, elem
     if method in ("allreduce_sgd", "local_sgd"):
         times = T if method == "allreduce_sgd" else len(averages_after(config))
         return [{k: times * v for k, v in r.items()} for r in ring_allreduce_bytes(numel, n, element_size)]
+    if method == "decentralized_ps":
+        return decentralized_ps_bytes(n, numel, T, element_size)
     topo = topology(config.topology, n)
     if method == "dpsgd":
         k = config.gossip_steps * T * s
