@@ -11,5 +11,6 @@ live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter mo
 """
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
+from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 
 __all__ = ["check_allreduce", "close_worlds", "compare", "passed", "run_on_ranks"]
