@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.decentralized` (notebook 05b)."""
+"""Solutions of `ddnb.exercises.decentralized`, taught in `notebooks/05b_decentralized.ipynb`."""
 from __future__ import annotations
 
 import torch
