@@ -13,9 +13,11 @@ Used from `notebooks/00_getting_started.ipynb` to `notebooks/12_scalability.ipyn
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
+from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 from ddnb.exercises.pipeline import check_1f1b
 from ddnb.exercises.predict import check_prediction
 from ddnb.exercises.tensor_parallel import check_column_parallel
 
-__all__ = ["check_1f1b", "check_allreduce", "check_column_parallel", "check_comm_hook", "check_prediction",
-           "close_worlds", "compare", "passed", "run_on_ranks"]
+__all__ = ["check_1f1b", "check_allreduce", "check_bytes_prediction", "check_column_parallel", "check_comm_hook",
+           "check_gossip_step", "check_prediction", "check_spectral_gap", "close_worlds", "compare", "passed",
+           "run_on_ranks"]
