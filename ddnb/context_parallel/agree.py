@@ -22,6 +22,12 @@ from ddnb.collectives.p2p import group_rank, group_size
 from ddnb.trace import Tracer
 
 TEXT_BYTES = 512   # a rank's problems travel as up to 512 bytes of UTF-8
+DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}   # others: 9
+
+
+def dtype_code(dtype) -> int:
+    """A dtype as an integer for the header."""
+    return DTYPE_CODES.get(dtype, 9)
 
 
 def _ranks_by(values) -> dict:

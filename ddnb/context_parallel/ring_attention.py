@@ -55,7 +55,7 @@ import torch
 
 from ddnb._checks import Checks
 from ddnb.collectives.p2p import Op, group_rank, group_size, post
-from ddnb.context_parallel.agree import agree
+from ddnb.context_parallel.agree import agree, dtype_code
 from ddnb.trace import Tracer, get_tracer
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -252,16 +252,13 @@ def problems(q, k, v, causal, layout) -> list[str]:
     return check.problems
 
 
-DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
-
-
 def call_fields(q, causal, layout, found) -> dict[str, int]:
     """What every rank's call must agree on, as integers (zeros when this rank's arguments
     are bad: only its problems count then)."""
     names = ("batch", "heads", "shard length", "head_dim", "dtype", "causal", "layout")
     if found:
         return dict.fromkeys(names, 0)
-    return dict(zip(names, (*q.shape, DTYPE_CODES.get(q.dtype, 9), int(causal), LAYOUTS.index(layout))))
+    return dict(zip(names, (*q.shape, dtype_code(q.dtype), int(causal), LAYOUTS.index(layout))))
 
 
 def ring_attention(q, k, v, group=None, causal: bool = False, layout: str = "contiguous",
