@@ -12,19 +12,9 @@ import torch.distributed as dist
 from ddnb.collectives.autograd import all_to_all_autograd
 from ddnb.expert_parallel import ExpertParallelMoE, MoE, capacity_of, moe_bytes_per_rank, route, sync_router_grads
 from ddnb.trace import Tracer
+from subgroups import WORLD, group_of_size, groups, run_all
 
-WORLD = 4
-MEMBERS = [[1, 3], [0, 2, 3], list(range(WORLD))]
 D, HIDDEN, TOKENS = 6, 8, 7          # tokens per rank
-_groups: dict = {}
-
-
-def groups():
-    if not _groups:
-        for ranks in MEMBERS[:-1]:
-            _groups[tuple(ranks)] = dist.new_group(ranks)
-        _groups[tuple(MEMBERS[-1])] = None
-    return [(_groups[tuple(r)], len(r)) for r in MEMBERS if dist.get_rank() in r]
 
 
 CASES = [(1, None, 1), (2, None, 2), (2, 1.0, 2), (1, 0.5, 1)]   # (top_k, capacity_factor, experts per rank)
@@ -57,7 +47,7 @@ def ep_run():
 
 @pytest.fixture(scope="module")
 def runs(world):
-    return [res for rank_results in world(WORLD).run(ep_run) for res in rank_results]
+    return run_all(world, ep_run)
 
 
 def test_equal_to_the_single_process_moe_forward_and_backward(runs):
@@ -145,7 +135,7 @@ def test_bad_configurations_named():
 
 
 def bad_calls():
-    group = next((g for g, n in groups() if n == 3), "none")
+    group = group_of_size(3)
     if group == "none":
         return None
     r, tracer = dist.get_rank(group), Tracer()

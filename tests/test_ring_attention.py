@@ -11,20 +11,9 @@ import torch.nn.functional as F
 
 from ddnb.context_parallel import gather_sequence, ring_attention, ring_bytes_per_rank, ring_work, split_sequence
 from ddnb.trace import Tracer
+from subgroups import WORLD, group_of_size, groups, run_all
 
-WORLD = 4
-MEMBERS = [[1, 3], [0, 2, 3], list(range(WORLD))]
 B, H, D = 2, 3, 4
-_groups: dict = {}
-
-
-def groups():
-    """[(group, size)] of the groups of MEMBERS this rank belongs to (made once per rank)."""
-    if not _groups:
-        for ranks in MEMBERS[:-1]:
-            _groups[tuple(ranks)] = dist.new_group(ranks)
-        _groups[tuple(MEMBERS[-1])] = None
-    return [(_groups[tuple(r)], len(r)) for r in MEMBERS if dist.get_rank() in r]
 
 
 def full_inputs(n, seed=0):
@@ -51,7 +40,7 @@ def sharded_run():
 
 @pytest.fixture(scope="module")
 def runs(world):
-    return [res for rank_results in world(WORLD).run(sharded_run) for res in rank_results]
+    return run_all(world, sharded_run)
 
 
 def test_equal_to_sdpa_on_the_whole_sequence_forward_and_backward(runs):
@@ -111,7 +100,7 @@ def test_split_sequence_names_the_sizes():
 def bad_calls():
     """On the 3 ranks of [0, 2, 3]: calls bad on every rank, then on one rank only; each
     attempt's error and the messages sent; then a good call (still in step)."""
-    group = next((g for g, n in groups() if n == 3), "none")
+    group = group_of_size(3)
     if group == "none":
         return None
     r, tracer = dist.get_rank(group), Tracer()
