@@ -9,8 +9,10 @@ computed without any rank holding the whole sequence's activations.
 
 Taught in `notebooks/13_sequence_context_expert.ipynb`.
 """
+from ddnb.context_parallel.ulysses import heads_to_seq, seq_to_heads, ulysses_attention, ulysses_bytes_per_rank
 from ddnb.context_parallel.ring_attention import (LAYOUTS, attend_block, block_plan, gather_sequence, merge,
                                                   ring_attention, ring_bytes_per_rank, ring_work, split_sequence)
 
-__all__ = ["LAYOUTS", "attend_block", "block_plan", "gather_sequence", "merge", "ring_attention",
-           "ring_bytes_per_rank", "ring_work", "split_sequence"]
+__all__ = ["LAYOUTS", "attend_block", "block_plan", "gather_sequence", "heads_to_seq", "merge", "ring_attention",
+           "ring_bytes_per_rank", "ring_work", "seq_to_heads", "split_sequence", "ulysses_attention",
+           "ulysses_bytes_per_rank"]

@@ -30,6 +30,20 @@ def dtype_code(dtype) -> int:
     return DTYPE_CODES.get(dtype, 9)
 
 
+def check_qkv(check, q, k, v) -> bool:
+    """Add the rules every attention shard obeys to `check` (a ddnb._checks.Checks): q, k,
+    v 4-D (batch, heads, seq/N, head_dim), one shape, one floating dtype. True if they hold."""
+    shapes = [check.rule(isinstance(t, torch.Tensor) and t.dim() == 4, f"{name} must be a 4-D tensor (batch, "
+                         f"heads, seq/N, head_dim), got {tuple(t.shape) if isinstance(t, torch.Tensor) else t!r}")
+              for name, t in (("q", q), ("k", k), ("v", v))]
+    if not all(shapes):
+        return False
+    return check.rule(q.shape == k.shape == v.shape, f"q, k and v must have one shape, got {tuple(q.shape)}, "
+                      f"{tuple(k.shape)}, {tuple(v.shape)}") & check.rule(
+        q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point,
+        f"q, k and v must have one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
 def _ranks_by(values) -> dict:
     out: dict = {}
     for r, v in enumerate(values):

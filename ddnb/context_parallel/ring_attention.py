@@ -55,7 +55,7 @@ import torch
 
 from ddnb._checks import Checks
 from ddnb.collectives.p2p import Op, group_rank, group_size, post
-from ddnb.context_parallel.agree import agree, dtype_code
+from ddnb.context_parallel.agree import agree, check_qkv, dtype_code
 from ddnb.trace import Tracer, get_tracer
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -235,14 +235,7 @@ class _RingAttention(torch.autograd.Function):
 def problems(q, k, v, causal, layout) -> list[str]:
     """Every problem of one rank's arguments ([] when valid)."""
     check = Checks()
-    tensors = [check.rule(isinstance(t, torch.Tensor) and t.dim() == 4, f"{name} must be a 4-D tensor "
-                          f"(batch, heads, seq/N, head_dim), got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-               for name, t in (("q", q), ("k", k), ("v", v))]
-    if all(tensors):
-        check.rule(q.shape == k.shape == v.shape, f"q, k and v must have one shape, got {tuple(q.shape)}, "
-                   f"{tuple(k.shape)}, {tuple(v.shape)}")
-        check.rule(q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point,
-                   f"q, k and v must have one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if check_qkv(check, q, k, v):
         check.rule(q.shape[2] >= 1, "the shard holds no positions (seq/N = 0)")
         if layout == "zigzag":
             check.rule(q.shape[2] % 2 == 0, f"a zig-zag shard holds two equal chunks: its length {q.shape[2]} "
