@@ -10,6 +10,7 @@ Taught in `notebooks/13_sequence_context_expert.ipynb`.
 """
 from ddnb.expert_parallel.moe import ExpertParallelMoE, MoE, expert_mlp, moe_bytes_per_rank, sync_router_grads
 from ddnb.expert_parallel.router import Routing, capacity_of, route
+from ddnb.expert_parallel.training import train_dp_ep, train_moe_reference
 
 __all__ = ["ExpertParallelMoE", "MoE", "Routing", "capacity_of", "expert_mlp", "moe_bytes_per_rank", "route",
-           "sync_router_grads"]
+           "sync_router_grads", "train_dp_ep", "train_moe_reference"]
