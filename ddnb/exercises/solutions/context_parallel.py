@@ -1,9 +1,9 @@
 """Solutions of notebook 13's exercises (ddnb.exercises.context_parallel)."""
 import torch
 
-# Exercise 1: Ulysses, B=1, H=8, S=64, D=16, N=4, float32: a shard is 1·8·16·16·4 = 8192 bytes;
-# 4 all-to-alls (q, k, v out as one, output back; then backward's two) of (N-1)/N of 4 shards... :
-# forward (3/4)·(3 + 1)·8192 = 24576, backward the same
+# Exercise 1: Ulysses, B=1, H=8, S=64, D=16, N=4, float32: a shard is 1·8·16·16·4 = 8192 bytes.
+# Forward sends (N-1)/N of 4 shards (q, k, v out; the output back): (3/4)·4·8192 = 24576;
+# backward the same again (dO out; dq, dk, dv back)
 ulysses_bytes = 2 * 3 / 4 * 4 * 8192
 
 
