@@ -1,5 +1,5 @@
-"""ProcessGrid: the world's ranks laid out on a dp × pp × tp grid, and the process groups
-of each axis.
+"""ProcessGrid: the world's ranks laid out on a dp × pp × tp (× cp × ep) grid, and the
+process groups of each axis.
 
 Combining parallelisms ("3D parallelism": Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.3 and 3) means every
@@ -8,11 +8,18 @@ rank has a coordinate on three axes and talks to different ranks on each:
     tp   tensor parallel: the ranks that split one layer's matmuls (all-reduce every layer)
     pp   pipeline parallel: the ranks that hold consecutive stages (send/recv activations)
     dp   data parallel: the ranks that hold the same shard of the model (all-reduce grads)
+    cp   context parallel: the ranks that split one sequence (ring attention or Ulysses,
+         ddnb.context_parallel: K/V blocks around the ring, or all-to-alls)
+    ep   expert parallel: the ranks that split a mixture-of-experts layer's experts
+         (ddnb.expert_parallel: tokens dispatched and combined by all-to-all)
 
-Axis order (the same as Megatron-LM's default and torchtitan's mesh ["pp", "dp", "tp"]):
-tp varies fastest, then dp, and pp slowest,
+Axis order (the same as Megatron-LM's default and torchtitan's mesh ["pp", "dp", "tp"];
+Megatron-core puts cp and ep between, "tp-cp-ep-dp-pp"): tp varies fastest, then cp, ep,
+dp, and pp slowest,
 
-    rank = pp_rank · (dp · tp) + dp_rank · tp + tp_rank
+    rank = (((pp_rank · dp + dp_rank) · ep + ep_rank) · cp + cp_rank) · tp + tp_rank
+
+(with cp = ep = 1, the default: rank = pp_rank · (dp · tp) + dp_rank · tp + tp_rank)
 
 so the t ranks of a tensor-parallel group are consecutive (on one machine, where the
 bandwidth is highest: tp communicates the most, Narayanan et al. 2021, Sec. 3.3,
@@ -38,8 +45,8 @@ import torch.distributed as dist
 
 from ddnb._checks import Checks, is_int
 
-AXES = ("dp", "pp", "tp")
-ORDER = ("pp", "dp", "tp")   # slowest to fastest
+AXES = ("dp", "pp", "tp", "cp", "ep")
+ORDER = ("pp", "dp", "ep", "cp", "tp")   # slowest to fastest
 
 
 def _check_rank(rank, world_size: int) -> None:
@@ -51,18 +58,20 @@ class Coords(NamedTuple):
     dp: int
     pp: int
     tp: int
+    cp: int = 0
+    ep: int = 0
 
 
 class ProcessGrid:
-    """dp · pp · tp ranks on a grid (tp fastest-varying, pp slowest) and their groups.
+    """dp · pp · tp · cp · ep ranks on a grid (tp fastest-varying, pp slowest) and their groups.
 
     world_size / rank default to torch.distributed's; the groups are built (on every
     rank, in the same order) only when torch.distributed is initialized and
     `build_groups` is True."""
 
     def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, world_size: int | None = None,
-                 rank: int | None = None, build_groups: bool = True):
-        sizes = {"dp": dp, "pp": pp, "tp": tp}
+                 rank: int | None = None, build_groups: bool = True, cp: int = 1, ep: int = 1):
+        sizes = {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}
         initialized = dist.is_available() and dist.is_initialized()
         if world_size is None and initialized:
             world_size = dist.get_world_size()
@@ -70,12 +79,17 @@ class ProcessGrid:
             rank = dist.get_rank() if initialized else 0
         with Checks("ProcessGrid") as check:
             bad = [a for a, v in sizes.items() if not (is_int(v) and v >= 1)]
-            factors_ok = check.rule(not bad, f"dp, pp and tp must be integers >= 1, got dp={dp!r}, pp={pp!r}, "
-                                    f"tp={tp!r} ({' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not)")
+            shown = [a for a in AXES if a in ("dp", "pp", "tp") or sizes[a] != 1]   # cp, ep when used
+            names = ", ".join(shown[:-1]) + f" and {shown[-1]}"
+            factors_ok = check.rule(not bad, f"{names} must be integers >= 1, got "
+                                    f"{', '.join(f'{a}={sizes[a]!r}' for a in shown)} "
+                                    f"({' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not)")
             if check.rule(world_size is not None, "world_size is needed when torch.distributed is not initialized"):
+                product = " * ".join(f"{a}({sizes[a]})" for a in shown)
+                positions = dp * pp * tp * cp * ep if factors_ok else 0
                 if check.integer("world_size", world_size, min=1) and factors_ok and check.rule(
-                        dp * pp * tp == world_size, f"dp({dp}) * pp({pp}) * tp({tp}) != world_size({world_size}): "
-                                                    f"the grid has {dp * pp * tp} positions for {world_size} ranks"):
+                        positions == world_size, f"{product} != world_size({world_size}): "
+                                                 f"the grid has {positions} positions for {world_size} ranks"):
                     check.rule(is_int(rank) and 0 <= rank < world_size,
                                f"rank({rank!r}) is not in [0, world_size({world_size})): a rank is an int")
         self.sizes, self.world_size, self.rank = sizes, world_size, rank
@@ -85,6 +99,8 @@ class ProcessGrid:
                 raise ValueError(f"world_size({world_size}) differs from torch.distributed's "
                                  f"({dist.get_world_size()}): groups can only be built over the whole world")
             for axis in AXES:                               # the same calls, in the same order, on every rank
+                if axis in ("cp", "ep") and sizes[axis] == 1:
+                    continue                                # unused: N one-rank groups cost ~1 s each on gloo
                 for ranks in self.all_ranks(axis):
                     group = dist.new_group(ranks)
                     if rank in ranks:
@@ -102,22 +118,35 @@ class ProcessGrid:
     def tp(self) -> int:
         return self.sizes["tp"]
 
+    @property
+    def cp(self) -> int:
+        return self.sizes["cp"]
+
+    @property
+    def ep(self) -> int:
+        return self.sizes["ep"]
+
     def coords(self, rank: int | None = None) -> Coords:
-        """(dp, pp, tp) coordinates of `rank` (default: this rank)."""
+        """(dp, pp, tp, cp, ep) coordinates of `rank` (default: this rank)."""
         rank = self.rank if rank is None else rank
         _check_rank(rank, self.world_size)
-        tp_rank = rank % self.tp
-        dp_rank = rank // self.tp % self.dp
-        pp_rank = rank // (self.tp * self.dp)
-        return Coords(dp=dp_rank, pp=pp_rank, tp=tp_rank)
+        coords = {}
+        for axis in reversed(ORDER):                     # fastest first: tp, cp, ep, dp, pp
+            rank, coords[axis] = divmod(rank, self.sizes[axis])
+        return Coords(**coords)
 
-    def rank_of(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
-        """The global rank at coordinates (dp, pp, tp): the inverse of coords."""
+    def rank_of(self, dp: int = 0, pp: int = 0, tp: int = 0, cp: int = 0, ep: int = 0) -> int:
+        """The global rank at coordinates (dp, pp, tp, cp, ep): the inverse of coords."""
+        at = {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}
         with Checks("ProcessGrid.rank_of") as check:
-            for axis, v in (("dp", dp), ("pp", pp), ("tp", tp)):
+            for axis in AXES:
+                v = at[axis]
                 check.rule(is_int(v) and 0 <= v < self.sizes[axis],
                            f"{axis}={v!r} is not in [0, {axis}({self.sizes[axis]})): a coordinate is an int")
-        return pp * self.dp * self.tp + dp * self.tp + tp
+        rank = 0
+        for axis in ORDER:                               # slowest first
+            rank = rank * self.sizes[axis] + at[axis]
+        return rank
 
     def ranks(self, axis: str, rank: int | None = None) -> list[int]:
         """The global ranks of `rank`'s group along `axis` (the others fixed), in order."""
@@ -134,6 +163,9 @@ class ProcessGrid:
     def group(self, axis: str):
         """This rank's torch.distributed process group along `axis`."""
         self._check_axis(axis)
+        if axis in ("cp", "ep") and self.sizes[axis] == 1 and self._groups:
+            raise RuntimeError(f"{axis}=1: no {axis} group is built for an unused axis (the layers take "
+                               f"group=None or a one-rank group of your own)")
         if axis not in self._groups:
             raise RuntimeError("this ProcessGrid built no process groups (torch.distributed was not "
                                "initialized, or build_groups=False)")
@@ -144,9 +176,10 @@ class ProcessGrid:
             raise ValueError(f"axis={axis!r} is not one of {AXES}")
 
     def __repr__(self) -> str:
-        return (f"ProcessGrid(dp={self.dp}, pp={self.pp}, tp={self.tp}, world_size={self.world_size}, "
+        more = "".join(f", {a}={self.sizes[a]}" for a in ("cp", "ep") if self.sizes[a] != 1)
+        return (f"ProcessGrid(dp={self.dp}, pp={self.pp}, tp={self.tp}{more}, world_size={self.world_size}, "
                 f"rank={self.rank}: {self.coords()})")
 
     def table(self) -> list[dict]:
-        """One row per rank: {"rank", "dp", "pp", "tp"} (for printing the layout)."""
+        """One row per rank: {"rank", "dp", "pp", "tp", "cp", "ep"} (for printing the layout)."""
         return [{"rank": r, **self.coords(r)._asdict()} for r in range(self.world_size)]

@@ -11,6 +11,7 @@ live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter mo
 Used from `notebooks/00_getting_started.ipynb` to `notebooks/12_scalability.ipynb`, three or more per notebook.
 """
 from ddnb.exercises.collectives import check_allreduce
+from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes  # noqa: F401
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap

@@ -9,6 +9,8 @@ operators keeping forward and backward equal to the unsharded model's.
                     TensorParallelBlock, TensorParallelGPT     .from_module(reference, group)
     embedding.py    VocabParallelEmbedding, vocab_parallel_cross_entropy (logits never
                     gathered), gathered_cross_entropy (the naive way)
+    sequence.py     SequenceParallelBlock: LayerNorms on sequence shards, all-reduces
+                    split into all-gather + reduce-scatter (Korthikanti et al. 2022)
     hybrid.py       train_dp_tp on a ddnb.ProcessGrid(dp, tp), train_reference
     torch_tp.py     torch_tp_mlp: the same MLP with torch.distributed.tensor.parallel
 
@@ -20,10 +22,12 @@ from ddnb.tensor_parallel.embedding import (VocabParallelEmbedding, gathered_cro
                                             vocab_parallel_cross_entropy)
 from ddnb.tensor_parallel.hybrid import allreduce_gradients, train_dp_tp, train_reference
 from ddnb.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from ddnb.tensor_parallel.sequence import SequenceParallelBlock, activation_formula, sync_sequence_parallel_grads
 from ddnb.tensor_parallel.transformer import (TensorParallelAttention, TensorParallelBlock, TensorParallelGPT,
                                               TensorParallelMLP, qkv_shard_order)
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelAttention", "TensorParallelBlock",
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "SequenceParallelBlock", "activation_formula",
+           "sync_sequence_parallel_grads", "TensorParallelAttention", "TensorParallelBlock",
            "TensorParallelGPT", "TensorParallelMLP", "VocabParallelEmbedding", "allreduce_gradients", "copy_to_tp",
            "count_collectives", "gather_from_tp", "gathered_cross_entropy", "qkv_shard_order", "reduce_from_tp",
            "scatter_to_tp", "train_dp_tp", "train_reference", "vocab_parallel_cross_entropy"]
