@@ -13,7 +13,6 @@ into `accumulate` micro-batches of `per_rank`. SGD with momentum. Taught in
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 
@@ -37,6 +36,7 @@ def train_compressed(method: str | None = "none", wrapper: str = "ddp", steps: i
     import torch.nn.functional as F
 
     from ddnb.compression import make_hook
+    from ddnb.compression.accumulation import accumulate as accumulate_grads
     from ddnb.compression.comm import bytes_per_step
     from ddnb.data import batch_indices, digits
     from ddnb.data_parallel import BucketedDataParallel
@@ -67,12 +67,8 @@ def train_compressed(method: str | None = "none", wrapper: str = "ddp", steps: i
         idx = batch_indices(len(train_set), n * local, t, seed)[rank * local:(rank + 1) * local]   # (local,)
         start = time.perf_counter()
         opt.zero_grad()
-        total = 0.0
-        for j, mb in enumerate(idx.split(per_rank)):          # the last micro-batch synchronizes
-            with wrapped.no_sync() if j < accumulate - 1 else contextlib.nullcontext():
-                loss = F.cross_entropy(wrapped(train_set.x[mb]), train_set.y[mb]) / accumulate
-                loss.backward()
-            total += loss.item()
+        total = accumulate_grads(wrapped, F.cross_entropy, [(train_set.x[mb], train_set.y[mb])
+                                                            for mb in idx.split(per_rank)])
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(total)
