@@ -6,6 +6,7 @@ import pytest
 
 from ddnb.bench.__main__ import main
 from ddnb.bench.compress import compress_benchmark, compress_table, parse_method
+from test_bench import test_argument_errors_before_any_process as check_argument_error   # the same check
 
 KEYS = {"method", "bytes_per_step", "compression_ratio", "step_time", "final_accuracy", "formula_bytes",
         "bytes_match_formula", "total_bytes", "accuracy_drop", "final_loss", "workers"}
@@ -20,10 +21,7 @@ KEYS = {"method", "bytes_per_step", "compression_ratio", "step_time", "final_acc
     (["compress", "--ratio", "2"], "--ratio 2.0: need a fraction <= 1"),
 ])
 def test_argument_errors_before_any_process(argv, message, capsys, monkeypatch):
-    monkeypatch.setattr("ddnb.testing.World", None)  # starting a world would raise TypeError
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    check_argument_error(argv, message, capsys, monkeypatch)
 
 
 def test_bad_arguments_named_before_any_process(monkeypatch):
