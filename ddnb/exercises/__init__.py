@@ -10,6 +10,7 @@ LLM-Training-Puzzles' checkers, on a real process group).
 live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter module>`.
 """
 from ddnb.exercises.collectives import check_allreduce
+from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_bytes, check_topk_error_feedback
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 
 __all__ = ["check_allreduce", "close_worlds", "compare", "passed", "run_on_ranks"]
