@@ -41,3 +41,15 @@ def test_tiny_run(capsys):
     assert rows[0]["bytes_per_step"] == 4 * 85_002 and rows[1]["compression_ratio"] == 2.0
     assert rows[3]["bytes_per_step"] == 8 * 851                          # k = ceil(1% of 85,002)
     assert "powersgd:2" in compress_table(rows)
+
+
+def test_plot_accuracy_vs_bytes_draws_one_point_per_row():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ddnb.viz.compression import plot_accuracy_vs_bytes
+
+    rows = [{"method": "none", "bytes_per_step": 340008, "final_accuracy": 0.95},
+            {"method": "topk", "bytes_per_step": 6808, "final_accuracy": 0.93}]
+    ax = plot_accuracy_vs_bytes(rows)
+    assert len(ax.collections) == 2 and [t.get_text() for t in ax.texts] == ["none", "topk"]
+    assert ax.get_xscale() == "log" and list(ax.collections[1].get_offsets()[0]) == [6808, 93.0]
