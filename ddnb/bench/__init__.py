@@ -6,5 +6,7 @@
 - `ddnb.bench.alltoall`: all-to-all time, algbw and busbw per size, pairwise exchange and
   Bruck against torch's (`notebooks/03_collectives.ipynb`);
 - `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
-  Horovod) (`notebooks/06_data_parallelism.ipynb`).
+  Horovod) (`notebooks/06_data_parallelism.ipynb`);
+- `ddnb.bench.compress`: bytes per step, step time and final accuracy per gradient
+  compression method (`notebooks/14_precision_compression_elastic.ipynb`).
 """

@@ -4,6 +4,7 @@ benchmark turns a command line into a call of its module and prints a table (or 
     python -m ddnb.bench allreduce --workers 4 --sizes 64KB..64MB --fit   # ddnb.bench.allreduce
     python -m ddnb.bench alltoall --workers 4 --sizes 4KB..16MB          # ddnb.bench.alltoall
     python -m ddnb.bench dp --workers 2 --models many_small              # ddnb.bench.dp
+    python -m ddnb.bench compress --workers 4 --json                     # ddnb.bench.compress
 
 Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
 """
@@ -161,6 +162,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     _add_alltoall_parser(sub)
     _add_dp_parser(sub)
     _add_pipeline_parser(sub)
+    _add_compress_parser(sub)
     return parser
 
 
@@ -344,6 +346,53 @@ def _cmd_pipeline(parser, args) -> int:
     if emulation:
         print(emulation, file=out)
     print(json.dumps(rows, indent=1) if args.json else pipeline_table(rows))
+    return 0
+
+
+# ---------------------------------------------------------------- compress (ddnb/bench/compress.py)
+def _add_compress_parser(sub) -> None:
+    from ddnb.bench import compress
+
+    p = sub.add_parser("compress", help="gradient compression: bytes per step, step time, final accuracy per method",
+                       description=compress.__doc__.split("\n\n")[2])
+    p.add_argument("--workers", default=4, help="gloo processes (default 4)",
+                   type=_at_least(2, why=" workers (compression over one rank sends nothing)"))
+    p.add_argument("--methods", type=_methods, default=list(compress.DEFAULT_METHODS),
+                   help=f"comma list of none, fp16, bf16, powersgd:R, topk, sign (default: "
+                        f"{','.join(compress.DEFAULT_METHODS)})")
+    p.add_argument("--steps", type=_at_least(1), default=150, help="training steps per method (default 150)")
+    p.add_argument("--per-rank", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--start", type=_at_least(2), default=10, help="PowerSGD's plain all-reduce steps (default 10)")
+    p.add_argument("--ratio", type=_at_least(0.0, float), default=0.01, help="top-k's fraction (default 0.01)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
+    p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
+                   help="seconds before a stuck world is killed (default 600)")
+    p.set_defaults(run=_cmd_compress, parser=p)
+
+
+def _methods(text: str) -> list[str]:
+    from ddnb.bench.compress import parse_method
+
+    got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+    try:
+        [parse_method(m) for m in got or [text]]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return got
+
+
+def _cmd_compress(parser, args) -> int:
+    from ddnb.bench.compress import compress_benchmark, compress_table
+
+    if args.ratio > 1:
+        parser.error(f"--ratio {args.ratio}: need a fraction <= 1")
+    out = sys.stderr if args.json else sys.stdout
+    print(f"digits MLP 64-256-256-10 on {args.workers} gloo processes (DDP + a ddnb.compression hook), "
+          f"{args.steps} steps of {args.per_rank} samples per rank, same seed and data for every method; "
+          f"{_load()}", file=out, flush=True)
+    rows = compress_benchmark(args.workers, args.methods, args.steps, args.per_rank, start=args.start,
+                              ratio=args.ratio, timeout=args.timeout)
+    print(json.dumps(rows, indent=1) if args.json else compress_table(rows))
     return 0
 
 

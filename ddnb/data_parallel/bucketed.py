@@ -153,6 +153,18 @@ class BucketedDataParallel(nn.Module):
         self.require_sync, self._sync_this_backward, self._in_backward = True, True, False
         self.grad_norm_history: list[dict] = []
         self.step = 0
+        self._comm_hook = self._comm_state = None
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Send every bucket through `hook(state, bucket) -> Future` instead of the all-reduce,
+        as DDP's `register_comm_hook` (the same hooks run on both: ddnb.compression, or torch's
+        ddp_comm_hooks). The bucket holds the local gradients, not divided by N: the hook
+        averages; its future's value becomes the bucket. The hook traces its own messages (the
+        "bucket k" events then carry nbytes=0). Once, before training."""
+        with Checks("BucketedDataParallel.register_comm_hook") as check:
+            check.rule(callable(hook), f"hook={hook!r} is not callable")
+            check.rule(self._comm_hook is None, "a communication hook is already registered")
+        self._comm_hook, self._comm_state = hook, state
 
     # ------------------------------------------------------------------ forward, no_sync
     def forward(self, *args, **kwargs):
@@ -224,7 +236,8 @@ class BucketedDataParallel(nn.Module):
             torch._foreach_copy_(views, grads)         # one call for the whole bucket
         for v in absent:                               # no gradient on this rank (unused): zeros
             v.zero_()
-        self.buckets[k].div_(self.world_size)          # (numel_k,)
+        if self._comm_hook is None:                    # a hook averages itself, as with DDP
+            self.buckets[k].div_(self.world_size)      # (numel_k,)
         while self._next < len(self.buckets) and self._missing[self._next] == 0:
             self._handles.append(self._launch(self._next, self.buckets[self._next]))
             self._next += 1
@@ -232,6 +245,12 @@ class BucketedDataParallel(nn.Module):
     def _launch(self, k: int, buffer: torch.Tensor):
         """Start the sum all-reduce of `buffer` (bucket k); returns something to .wait() on."""
         self._launched[k] = stamp()
+        if self._comm_hook is not None and k < len(self.buckets):   # ddnb.compression (not the `used` bitmap)
+            from ddnb.compression.comm import Bucket, HookWork
+
+            idx = self.bucket_params[k]
+            return HookWork(self._comm_hook(self._comm_state, Bucket(
+                k, buffer, [self._views[i] for i in idx], [self.params[i] for i in idx], len(self.buckets))), buffer)
         if current() is not None:   # emulated: the real all-reduce, its time the model's (ddnb.emulate)
             return EmulatedAllReduce(buffer, self.group)
         if self._thread is None:
@@ -299,7 +318,7 @@ class BucketedDataParallel(nn.Module):
         tr.record("compute", "backward", self._bw_start, bw_end, step=self.step)
         for k, buf in enumerate(self.buckets):
             tr.record("collective", f"bucket {k}", self._launched[k], self._done[k] or end,
-                      nbytes=buf.numel() * buf.element_size(), step=self.step, bucket=k,
+                      nbytes=0 if self._comm_hook else buf.numel() * buf.element_size(), step=self.step, bucket=k,
                       params=len(self.bucket_params[k]))
         tr.record("wait", "sync", bw_end, end, step=self.step)
         if self.record_grad_norms:

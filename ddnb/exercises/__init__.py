@@ -8,10 +8,12 @@ LLM-Training-Puzzles' checkers, on a real process group).
 
 `core` holds the shared runner (deadline, errors) and comparison; each chapter's checkers
 live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter module>`.
-Used from `notebooks/00_getting_started.ipynb` to `notebooks/12_scalability.ipynb`, three or more per notebook.
+Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression_elastic.ipynb`,
+three or more per notebook.
 """
 from ddnb.exercises.collectives import check_allreduce
-from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes  # noqa: F401
+from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_bytes, check_topk_error_feedback
+from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
@@ -19,6 +21,7 @@ from ddnb.exercises.pipeline import check_1f1b
 from ddnb.exercises.predict import check_prediction
 from ddnb.exercises.tensor_parallel import check_column_parallel
 
-__all__ = ["check_1f1b", "check_allreduce", "check_bytes_prediction", "check_column_parallel", "check_comm_hook",
-           "check_gossip_step", "check_prediction", "check_spectral_gap", "close_worlds", "compare", "passed",
-           "run_on_ranks"]
+__all__ = ["check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bytes_prediction",
+           "check_column_parallel", "check_comm_hook", "check_dropped_tokens", "check_gossip_step", "check_merge",
+           "check_powersgd_bytes", "check_prediction", "check_spectral_gap", "check_topk_error_feedback",
+           "check_ulysses_bytes", "close_worlds", "compare", "passed", "run_on_ranks"]

@@ -1,0 +1,55 @@
+"""python -m ddnb.bench compress: argument errors before any process starts, and a tiny
+real run (2 workers, 3 steps) whose bytes equal the formulas."""
+import json
+
+import pytest
+
+from ddnb.bench.__main__ import main
+from ddnb.bench.compress import compress_benchmark, compress_table, parse_method
+from test_bench import test_argument_errors_before_any_process as check_argument_error   # the same check
+
+KEYS = {"method", "bytes_per_step", "compression_ratio", "step_time", "final_accuracy", "formula_bytes",
+        "bytes_match_formula", "total_bytes", "accuracy_drop", "final_loss", "workers"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compress", "--workers", "1"], "need an integer >= 2 workers"),
+    (["compress", "--methods", "none,gzip"], "method 'gzip': need one of none, fp16, bf16, powersgd, topk, sign"),
+    (["compress", "--methods", "topk:3"], "or powersgd:R with R a rank >= 1"),
+    (["compress", "--start", "1"], "need an integer >= 2"),
+    (["compress", "--ratio", "0"], "need a number > 0"),
+    (["compress", "--ratio", "2"], "--ratio 2.0: need a fraction <= 1"),
+])
+def test_argument_errors_before_any_process(argv, message, capsys, monkeypatch):
+    check_argument_error(argv, message, capsys, monkeypatch)
+
+
+def test_bad_arguments_named_before_any_process(monkeypatch):
+    monkeypatch.setattr("ddnb.testing.World", None)
+    with pytest.raises(ValueError, match=r"workers=1: need an integer >= 2; .*method 'lz4': need one of"):
+        compress_benchmark(workers=1, methods=["none", "lz4"])
+    assert parse_method("powersgd:4") == ("powersgd", {"rank": 4}) and parse_method("sign") == ("sign", {})
+
+
+def test_tiny_run(capsys):
+    assert main(["compress", "--workers", "2", "--steps", "3", "--start", "2", "--methods",
+                 "none,bf16,powersgd:2,topk,sign", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["none", "bf16", "powersgd:2", "topk", "sign"]
+    for r in rows:
+        assert KEYS <= set(r) and r["bytes_match_formula"] and r["step_time"] > 0
+    assert rows[0]["bytes_per_step"] == 4 * 85_002 and rows[1]["compression_ratio"] == 2.0
+    assert rows[3]["bytes_per_step"] == 8 * 851                          # k = ceil(1% of 85,002)
+    assert "powersgd:2" in compress_table(rows)
+
+
+def test_plot_accuracy_vs_bytes_draws_one_point_per_row():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ddnb.viz.compression import plot_accuracy_vs_bytes
+
+    rows = [{"method": "none", "bytes_per_step": 340008, "final_accuracy": 0.95},
+            {"method": "topk", "bytes_per_step": 6808, "final_accuracy": 0.93}]
+    ax = plot_accuracy_vs_bytes(rows)
+    assert len(ax.collections) == 2 and [t.get_text() for t in ax.texts] == ["none", "topk"]
+    assert ax.get_xscale() == "log" and list(ax.collections[1].get_offsets()[0]) == [6808, 93.0]
