@@ -1,4 +1,4 @@
-"""Solutions of notebook 13's exercises (ddnb.exercises.context_parallel)."""
+"""Solutions of the exercises of `notebooks/13_sequence_context_expert.ipynb` (ddnb.exercises.context_parallel)."""
 import torch
 
 # Exercise 1: Ulysses, B=1, H=8, S=64, D=16, N=4, float32: a shard is 1·8·16·16·4 = 8192 bytes.
