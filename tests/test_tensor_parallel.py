@@ -407,7 +407,7 @@ def dp_tp_case(steps, optimizer, lr):
 @pytest.mark.parametrize("optimizer,lr,steps", [("sgd", 0.1, 6), ("adam", 1e-2, 20)])
 def test_dp_x_tp_training_equals_single_process(world, optimizer, lr, steps):
     res = world(4).run(dp_tp_case, steps, optimizer, lr)
-    assert [r["coords"] for r in res] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert [r["coords"] for r in res] == [(0, 0, 0, 0, 0), (0, 0, 1, 0, 0), (1, 0, 0, 0, 0), (1, 0, 1, 0, 0)]   # dp, pp, tp, cp, ep
     for r in res:
         assert r["losses"] < TOL, r
         if optimizer == "sgd":
