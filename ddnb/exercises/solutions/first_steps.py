@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.first_steps` (notebook 00)."""
+"""Solution of `ddnb.exercises.first_steps` (`notebooks/00_getting_started.ipynb`)."""
 from __future__ import annotations
 
 import torch

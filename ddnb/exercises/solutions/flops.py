@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.flops` (notebook 01)."""
+"""Solution of `ddnb.exercises.flops` (`notebooks/01_why_distributed.ipynb`)."""
 from __future__ import annotations
 
 

@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.p2p` (notebook 03)."""
+"""Solutions of `ddnb.exercises.p2p` (`notebooks/03_collectives.ipynb`)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.parameter_server` (notebook 04)."""
+"""Solution of `ddnb.exercises.parameter_server` (`notebooks/04_parameter_server.ipynb`)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Solution of `ddnb.exercises.tasks` (notebook 02)."""
+"""Solution of `ddnb.exercises.tasks` (`notebooks/02_task_parallelism.ipynb`)."""
 from __future__ import annotations
 
 
