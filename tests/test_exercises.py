@@ -74,3 +74,15 @@ def test_check_allreduce_names_a_deadlock_instead_of_hanging():
 def test_check_allreduce_refuses_bad_arguments_before_running():
     with pytest.raises(ValueError, match=r"fn=3: need a function.*world_size=0.*sizes\[1\]=-2"):
         check_allreduce(3, world_size=0, sizes=(4, -2))
+
+
+def test_a_success_line_is_printed_once_not_echoed(capsys):
+    from ddnb.exercises import check_prediction
+
+    msg = check_prediction(3, 3, what="x", rel_tol=0)
+    assert capsys.readouterr().out == "✓ check_prediction: x: 3 matches 3 exactly\n"
+    assert msg == "✓ check_prediction: x: 3 matches 3 exactly"
+    from IPython.core.interactiveshell import InteractiveShell
+
+    formatter = InteractiveShell.instance().display_formatter
+    assert formatter.format(msg) == ({}, {}) and formatter.format(str(msg))[0]   # a plain str would be echoed

@@ -95,8 +95,16 @@ def compare(got, expected: torch.Tensor, *, rank: int, name: str = "result", hin
         raise AssertionError(f"{name} on rank {rank}, element {i}: expected {e:g}, got {g:g}. {hint}".rstrip())
 
 
-def passed(name: str, detail: str) -> str:
+class Passed(str):
+    """A checker's success line: a str (tests read it), printed once by `passed`; a notebook
+    does not echo it a second time as the cell's value."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def passed(name: str, detail: str) -> Passed:
     """Print and return the one-line success message of a checker."""
-    msg = f"✓ {name}: {detail}"
+    msg = Passed(f"✓ {name}: {detail}")
     print(msg)
     return msg
