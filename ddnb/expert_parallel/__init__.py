@@ -5,6 +5,7 @@ tokens sent to them and back by the uneven all-to-all.
     moe.py      MoE (one process, the reference), ExpertParallelMoE (E/N experts per rank),
                 sync_router_grads, moe_bytes_per_rank
     training.py train_dp_ep on a ddnb.ProcessGrid(dp, ep): equal to one process
+    load.py     moe_load: where one forward's tokens went (received, dropped, bytes), for the widget
 
 Taught in `notebooks/13_sequence_context_expert.ipynb`.
 """

@@ -9,6 +9,7 @@ from ddnb.viz.gradients import (GradientFlowExplorer, plot_bucket_timeline, plot
                                 plot_horovod_timeline)
 from ddnb.viz.growth import plot_model_growth
 from ddnb.viz.memory import plot_memory
+from ddnb.viz.moe import MoELoadExplorer, plot_expert_load
 from ddnb.viz.memory_calculator import MemoryCalculator, plot_training_memory
 from ddnb.viz.pipeline import PipelineExplorer, plot_activation_peaks, plot_bubble, plot_pipeline, plot_schedule
 from ddnb.viz.profile_picker import ProfilePicker
@@ -23,6 +24,8 @@ from ddnb.viz.timeline import plot_timeline
 from ddnb.viz.widgets import WorkerCountExplorer
 
 __all__ = [
+    "MoELoadExplorer",
+    "plot_expert_load",
     "ProfilePicker",
     "plot_emulated_scaling",
     # 00, 03, 05: collectives and all-reduce
