@@ -7,6 +7,7 @@ computed without any rank holding the whole sequence's activations.
     ring_attention.py  ring attention (Liu et al. 2023): K/V blocks passed around the ring,
                        online-softmax merge, zig-zag balance for causal, backward included
     agree.py           the one cross-rank argument check before the first message
+    timing.py          each scheme's forward (+ backward) time, real or on an emulated cluster
 
 Taught in `notebooks/13_sequence_context_expert.ipynb`.
 """
