@@ -111,17 +111,11 @@ def compute_times(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.T
 
 
 def _union_before(intervals, end: float) -> tuple[float, float]:
-    total = hidden = 0.0
-    merged = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    for a, b in merged:
-        total += b - a
-        hidden += max(0.0, min(b, end) - a)
-    return total, hidden
+    """(length of the union of `intervals`, the part of it before `end`), as overlap_stats counts."""
+    from ddnb.data_parallel.bucketed import union_intervals
+
+    merged = union_intervals(intervals)
+    return sum(b - a for a, b in merged), sum(max(0.0, min(b, end) - a) for a, b in merged)
 
 
 def ddp_buckets(nbytes: list[int], dtypes: list, bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:

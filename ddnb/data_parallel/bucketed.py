@@ -338,7 +338,8 @@ class BucketedDataParallel(nn.Module):
             self._thread.shutdown()
 
 
-def _union(intervals) -> list[tuple[float, float]]:
+def union_intervals(intervals) -> list[tuple[float, float]]:
+    """The (start, end) intervals merged where they overlap, sorted."""
     out = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
@@ -370,7 +371,7 @@ def overlap_stats(events: list[dict]) -> dict:
         if bw is not None:
             backward += bw[1] - bw[0]
             early += bool(intervals) and min(a for a, _ in intervals) < bw[1]
-        for a, b in _union(intervals):
+        for a, b in union_intervals(intervals):
             comm += b - a
             if bw is not None:
                 hidden += max(0.0, min(b, bw[1]) - a)
