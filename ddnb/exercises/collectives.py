@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ddnb._checks import Checks
-from ddnb.exercises.core import compare, passed, run_on_ranks
+from ddnb.exercises.core import check_sized_call, compare, passed, run_on_ranks
 
 
 def _rank_input(rank: int, numel: int) -> torch.Tensor:
@@ -47,11 +46,7 @@ def check_allreduce(fn, world_size: int = 3, sizes=(1, 7, 12, 64), timeout: floa
     divisible by world_size included), and compare every rank's tensor with the sum.
     Accepts `dist.all_reduce`. Returns the success line; raises AssertionError with a hint
     at the first rank and element that differ, or when fn hangs (deadline) or raises."""
-    with Checks("check_allreduce") as check:
-        check.rule(callable(fn), f"fn={fn!r}: need a function fn(tensor)")
-        check.integer("world_size", world_size, min=1, max=8)
-        check.rule(isinstance(sizes, (list, tuple)) and len(sizes) > 0, f"sizes={sizes!r}: need a non-empty list")
-        check.positive_ints(**{f"sizes[{i}]": v for i, v in enumerate(sizes or ())})
+    check_sized_call("check_allreduce", fn, world_size, sizes, min_world=1)
     for numel in sizes:
         results = run_on_ranks(_run_allreduce, world_size, fn, numel, what=getattr(fn, "__name__", "fn"),
                                timeout=timeout)

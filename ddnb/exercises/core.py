@@ -23,6 +23,7 @@ import atexit
 
 import torch
 
+from ddnb._checks import Checks
 from ddnb.runtime.errors import WorkerError, WorkerLostError, WorkerTimeoutError
 
 DEFAULT_TIMEOUT = 30.0
@@ -45,6 +46,16 @@ def close_worlds() -> None:
         if not w.broken:
             w.close()
     _worlds.clear()
+
+
+def check_sized_call(where: str, fn, world_size, sizes, min_world: int = 1) -> None:
+    """One ValueError naming every bad argument of a checker that runs fn(tensor) on
+    `world_size` ranks for each numel in `sizes`."""
+    with Checks(where) as check:
+        check.rule(callable(fn), f"fn={fn!r}: need a function fn(tensor)")
+        check.integer("world_size", world_size, min=min_world, max=8)
+        check.rule(isinstance(sizes, (list, tuple)) and len(sizes) > 0, f"sizes={sizes!r}: need a non-empty list")
+        check.positive_ints(**{f"sizes[{i}]": v for i, v in enumerate(sizes or ())})
 
 
 def run_on_ranks(fn, world_size: int, *args, what: str = "your function",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ddnb._checks import Checks
-from ddnb.exercises.core import compare, passed, run_on_ranks
+from ddnb.exercises.core import check_sized_call, compare, passed, run_on_ranks
 
 LARGE = 1 << 22   # elements: 16 MB of float32, beyond what gloo sends without a posted receive
 
@@ -50,11 +50,7 @@ def check_ring_shift(fn, world_size: int = 4, sizes=(1, 5, LARGE), timeout: floa
     size is large enough that blocking sends posted before any receive deadlock (reported
     at the deadline, naming the ranks). Returns the success line, else AssertionError with
     the rank, the element and a hint."""
-    with Checks("check_ring_shift") as check:
-        check.rule(callable(fn), f"fn={fn!r}: need a function fn(tensor)")
-        check.integer("world_size", world_size, min=2, max=8)
-        check.rule(isinstance(sizes, (list, tuple)) and len(sizes) > 0, f"sizes={sizes!r}: need a non-empty list")
-        check.positive_ints(**{f"sizes[{i}]": v for i, v in enumerate(sizes or ())})
+    check_sized_call("check_ring_shift", fn, world_size, sizes, min_world=2)
     for numel in sizes:
         got = run_on_ranks(_run_shift, world_size, fn, numel, what=getattr(fn, "__name__", "fn"), timeout=timeout)
         for rank, g in enumerate(got):
