@@ -154,6 +154,25 @@ def rank_gamma(size: int) -> float:
     return measure_gamma(size, iters=10)
 
 
+def counting_overruns(fn, *args):
+    """Run `fn(*args)` on this rank: (its result, the emulator's overruns during it), None
+    for the count in real mode. An overrun means the real work took longer than its model,
+    so the time measured across it is too slow (`ddnb.emulate.clock`)."""
+    from ddnb.emulate import current
+
+    em = current()
+    before = em.overruns if em else 0
+    out = fn(*args)
+    return out, (em.overruns - before if em else None)
+
+
+def _run_counted(world, fn, *args):
+    """(rank 0's result of fn(*args), the overruns of all ranks during it or None)."""
+    results = world.run(counting_overruns, fn, *args)
+    counts = [c for _, c in results]
+    return results[0][0], (None if counts[0] is None else sum(counts))
+
+
 def world_threads(world) -> int:
     """The intra-op threads the ranks of `world` run with (the most any rank has):
     `ddnb.runtime.worker.threads_for`, cores / ranks on the host unless overridden."""
@@ -178,10 +197,10 @@ def timed_rows(world, sizes, algorithms, rank_fn, factor: float, target_seconds:
     rows, n, threads = [], world.n, world_threads(world)
     for size in sizes:
         for algorithm in algorithms:
-            t, iters = world.run(rank_fn, algorithm, size, target_seconds, repeats)[0]
+            (t, iters), overruns = _run_counted(world, rank_fn, algorithm, size, target_seconds, repeats)
             algbw = size / t / GB
             rows.append({"size": size, "workers": n, "algorithm": algorithm, "time": t, "iters": iters,
-                         "algbw": algbw, "busbw": algbw * factor, "threads": threads})
+                         "algbw": algbw, "busbw": algbw * factor, "threads": threads, "overruns": overruns})
             if log:
                 log(f"{format_size(size):>6} {algorithm:<16} {t * 1e3:9.3f} ms  ({iters} iters)")
     return _add_ratios(rows)
@@ -196,14 +215,15 @@ def _add_ratios(rows: list[dict]) -> list[dict]:
 
 def p2p_rows(world, sizes, pattern: str = "pingpong", target_seconds: float = 0.2,
              repeats: int = 3) -> list[dict]:
-    """One row per size: pattern, size, time (s per message, see `rank_p2p`) and
-    bw = size / time (GB/s)."""
+    """One row per size: pattern, size, time (s per message, see `rank_p2p`),
+    bw = size / time (GB/s) and overruns (emulated: all ranks' overruns while it was
+    measured; None in real mode)."""
     if pattern not in ("pingpong", "sendrecv"):
         raise ValueError(f"pattern must be 'pingpong' or 'sendrecv', got {pattern!r}")
     rows = []
     for size in sizes:
-        t = world.run(rank_p2p, pattern, size, target_seconds, repeats)[0][0]
-        rows.append({"pattern": pattern, "size": size, "time": t, "bw": size / t / GB})
+        (t, _), overruns = _run_counted(world, rank_p2p, pattern, size, target_seconds, repeats)
+        rows.append({"pattern": pattern, "size": size, "time": t, "bw": size / t / GB, "overruns": overruns})
     return rows
 
 
@@ -245,6 +265,7 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
     model: {"link": that ping-pong row, "p2p": {pattern: rows}, "alpha_beta": {pattern:
     (alpha, beta)}, "gamma": seconds per byte}. With fit=True the ping-pong and sendrecv
     at each size's `message_sizes` are measured right before that size's all-reduces.
+    Every row has "overruns" (see `p2p_rows`).
 
     Horovod is measured last, in a second world: an initialized Horovod negotiates in a
     background thread every cycle even when idle (~70% of one core for 4 idle ranks,
@@ -255,7 +276,8 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
     name), torch's all-reduce is charged the ring's alpha-beta time (it is not measured),
     and model["emulation"] says whether any operation overran its model. The model is
     still fitted to this run's own point-to-point measurements, never read from the
-    profile. Horovod is not emulated, so it is refused here."""
+    profile: to the rows measured without an overrun (`fit_rows`) where at least two
+    sizes of a pattern are, since an overran row is known to be too slow. Horovod is not emulated, so it is refused here."""
     from ddnb.cost import fit_alpha_beta
     from ddnb.emulate import summary
     from ddnb.testing import World
@@ -285,11 +307,20 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
         r["link_bw"] = model["link"]["bw"]
         r["emulated"] = profile
     if fit:
+        fitted = {pattern: fit_rows(pr) for pattern, pr in p2p.items()}
         model["alpha_beta"] = {pattern: fit_alpha_beta([r["size"] for r in pr], [r["time"] for r in pr])
-                               for pattern, pr in p2p.items()}
+                               for pattern, pr in fitted.items()}
+        model["fit_sizes"] = {pattern: [r["size"] for r in pr] for pattern, pr in fitted.items()}
         model["gamma"] = gamma
         add_predictions(rows, model["alpha_beta"], gamma)
     return rows, model
+
+
+def fit_rows(rows: list[dict]) -> list[dict]:
+    """The point-to-point rows the model is fitted to: those measured without an overrun
+    (emulated mode) if they cover at least two sizes, else all of them (real mode: all)."""
+    clean = [r for r in rows if not r.get("overruns")]
+    return clean if len({r["size"] for r in clean}) >= 2 else rows
 
 
 # ---------------------------------------------------------------- table
