@@ -195,6 +195,24 @@ class World:
         if profile is not None:
             self.run(_activate_emulation, profile.to_dict(), time.monotonic() + 0.05)
 
+    def emulate_as(self, profile) -> None:
+        """From now on the same processes are an emulated cluster of `profile` (a name or a
+        `Profile`, scaled as in the constructor), or real mode with None: one World can
+        then compare profiles without starting new processes."""
+        from ddnb.emulate import deactivate
+
+        if profile is None:
+            self.run(deactivate)
+            self.emulate = None
+            return
+        from ddnb.runtime.placement import emulated_profile
+
+        with Checks("World.emulate_as") as check:
+            profile = emulated_profile(profile, check, self.n)
+            check.rule(not self.horovod, "emulate with horovod=True: Horovod is not emulated")
+        self.run(_activate_emulation, profile.to_dict(), time.monotonic() + 0.05)
+        self.emulate = profile
+
     def emulation_reports(self) -> list:
         """Each rank's `ddnb.emulate.report()` (None per rank in real mode)."""
         from ddnb.emulate import report

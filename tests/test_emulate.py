@@ -263,3 +263,40 @@ def test_named_profiles_scale_their_slowdown_with_workers_per_core():
     custom_profile = PROFILES["ib"].with_(slowdown=7.0)
     assert emulated_profile(custom_profile, check, workers=4 * cores).slowdown == 7.0   # a Profile is used as given
     check.done()
+
+
+def test_a_world_switches_profile_and_back_to_real_mode():
+    """World.emulate_as: the same processes become another emulated cluster (a ping-pong
+    then takes the new link's alpha + n/B), and None is real mode again."""
+    from ddnb.emulate import current
+
+    fast = custom(alpha=ALPHA / 2, bandwidth=BW * 4, peak_flops=PEAK, efficiency=1.0, memory_bandwidth=1e12,
+                  slowdown=20, name="fast")
+    with World(2, emulate=SLOW, timeout=120) as w:
+        assert w.run(_pingpong, 400_000)[0] == pytest.approx(ALPHA + 400_000 / BW, rel=0.05)
+        w.emulate_as(fast)
+        assert w.emulate.name == "fast" and w.run(lambda: current().profile.name) == ["fast", "fast"]
+        assert w.run(_pingpong, 400_000)[0] == pytest.approx(ALPHA / 2 + 400_000 / (4 * BW), rel=0.05)
+        w.emulate_as(None)
+        assert w.emulate is None and w.run(lambda: current() is None) == [True, True]
+        with pytest.raises(ValueError, match="slowdown"):
+            w.emulate_as(fast.with_(slowdown=0))
+        assert w.run(lambda: current() is None) == [True, True]   # a bad profile changed nothing
+
+
+def test_overlap_by_profile_labels_each_run_and_refuses_bad_names_first():
+    """One row per profile, in order, each with the run's overlap and the model's; an
+    unknown profile is named before any process starts."""
+    from ddnb.bench.dp import overlap_by_profile
+
+    before = set(psutil.Process().children(recursive=True))
+    with pytest.raises(ValueError, match="'nope' is not a profile"):
+        overlap_by_profile([SLOW, "nope"], workers=2)
+    assert set(psutil.Process().children(recursive=True)) == before
+    fast = SLOW.with_(name="fast", bandwidth=BW * 100, alpha=ALPHA / 10)
+    rows = overlap_by_profile([SLOW, fast], workers=2, batch=8, bucket_mb=0.01, steps=1, warmup=1, rounds=1,
+                              width=32, layers=2)
+    assert [r["emulated"] for r in rows] == ["custom", "fast"] and all(r["strategy"] == "bucketed" for r in rows)
+    for r in rows:
+        assert 0 <= r["overlap"] <= 1 and 0 <= r["model_overlap"] <= 1 and r["emulation"].startswith("emulated")
+    assert rows[1]["step_time"] < rows[0]["step_time"]      # the faster link's step is shorter

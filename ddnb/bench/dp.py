@@ -290,6 +290,29 @@ def dp_scaling(workers: list[int], models=tuple(MODELS), strategies=("naive", "b
     return add_efficiency(rows)
 
 
+def overlap_by_profile(profiles, workers: int = 4, model: str = "few_large", batch: int = 128,
+                       bucket_mb: float = 25.0, timeout: float = 600, **kwargs) -> list[dict]:
+    """Bucketed data parallelism on each emulated profile in turn (one World, re-emulated
+    with `World.emulate_as`): `dp_rows` with the run's overlap (`overlap_stats`: the part
+    of the bucket all-reduces that ran while backward was still running) beside the
+    model's (`add_model_columns`), each row labelled with its profile and overrun summary.
+    Overlap appears when a bucket's all-reduce is short next to the rest of backward."""
+    from ddnb.emulate import get_profile, summary
+    from ddnb.testing import World
+
+    profiles = [get_profile(p) for p in profiles]     # a bad name fails before any process starts
+    model_kwargs = {k: kwargs[k] for k in ("width", "layers") if k in kwargs}
+    rows = []
+    with World(workers, timeout=timeout) as world:
+        for profile in profiles:
+            world.emulate_as(profile)
+            got = dp_rows(world, (model,), ("bucketed",), batch=batch, bucket_mb=bucket_mb, **kwargs)
+            add_model_columns(got, profile, batch=batch, bucket_mb=bucket_mb, **model_kwargs)
+            emulation = summary(world.emulation_reports())
+            rows += [dict(r, emulated=profile.name, emulation=emulation) for r in got]
+    return rows
+
+
 def dp_scaling_table(rows: list[dict]) -> str:
     """One line per (model, strategy, workers): step time, efficiency, overlap, and the model's."""
     modeled = any("model_step_time" in r for r in rows)
