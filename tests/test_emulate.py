@@ -300,3 +300,23 @@ def test_overlap_by_profile_labels_each_run_and_refuses_bad_names_first():
     for r in rows:
         assert 0 <= r["overlap"] <= 1 and 0 <= r["model_overlap"] <= 1 and r["emulation"].startswith("emulated")
     assert rows[1]["step_time"] < rows[0]["step_time"]      # the faster link's step is shorter
+
+
+def test_the_parameter_server_is_refused_in_an_emulated_cluster_on_every_rank():
+    """Its server receives from any source, which the emulated message layer does not
+    carry: every rank says so before any message, none blocks."""
+    from functools import partial
+
+    from ddnb.runtime.errors import WorkerError
+
+    def run():
+        from ddnb.data import digits
+        from ddnb.models import mlp
+        from ddnb.parameter_server import PSConfig, train
+
+        train_set, _ = digits(seed=0)
+        return train(PSConfig(servers=1, mode="bsp", steps=2, batch_size=8), partial(mlp, (64, 8, 10), seed=0), train_set)
+
+    with World(3, emulate=SLOW, timeout=60) as w:
+        with pytest.raises(WorkerError, match=r"(?s)ranks \[0, 1, 2\] raised.*parameter server is not emulated"):
+            w.run(run)

@@ -101,10 +101,22 @@ def send_message(kind: int, dst: int, group, tracer: Tracer | None = None, paylo
         p2p.send(payload.detach().to(device).contiguous(), dst, group, tracer, name=name)
 
 
+def refuse_emulation() -> None:
+    """The parameter server is not emulated: in an emulated cluster (`ddnb.emulate`) every
+    message carries its sender's emulated time, which a raw any-source receive would not
+    read. Raises on the rank that calls it (every rank calls it in `train`)."""
+    from ddnb.emulate import current
+
+    if current() is not None:
+        raise NotImplementedError("the parameter server is not emulated (receiving from any source is not in "
+                                  "ddnb.emulate's message layer): run it in real mode")
+
+
 def recv_any(tensor: torch.Tensor, group, tracer: Tracer | None = None, name=None) -> int:
     """Receive into `tensor` from whichever rank of `group` sends first; returns its rank
     (within `group`). Traced as a "recv" from posting to arrival, named name(tensor) when
     `name` is a function of the received tensor."""
+    refuse_emulation()
     start = time.time()
     work = dist.irecv(tensor, src=None, group=group)   # any source
     work.wait()

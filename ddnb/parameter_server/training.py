@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ddnb.data import Dataset
 from ddnb.models import flat_params
 from ddnb.parameter_server.config import PSConfig
+from ddnb.parameter_server.messages import refuse_emulation
 from ddnb.parameter_server.server import Server, serve
 from ddnb.parameter_server.sharded import shard_parameters, train_colocated
 from ddnb.parameter_server.worker import work
@@ -67,6 +68,7 @@ def train(config: PSConfig, model_fn, dataset, loss_fn=None, tracer=None) -> dic
     go to `tracer`, by default each rank's own (gather them with `cluster.run(take_events)`)."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     config.validate(world_size)
+    refuse_emulation()
     dataset = dataset if isinstance(dataset, Dataset) else Dataset(*dataset)
     loss_fn = loss_fn or F.cross_entropy
     k, workers = config.num_servers(world_size), config.worker_ranks(world_size)
