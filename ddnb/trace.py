@@ -13,7 +13,9 @@ and the PyTorch profiler do.
 
 Cheap enough to leave on: one small dict per event, appended to a bounded deque.
 Each process has one default tracer (`get_tracer()`), used when none is passed in.
-Times are `time.time()` seconds, comparable across the processes of one machine.
+Times are `time.time()` seconds, comparable across the processes of one machine; in an
+emulated cluster (`ddnb.emulate`) spans are stamped in the worker's emulated time, as its
+messages are (`now`).
 Taught in `notebooks/03_collectives.ipynb` and `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
@@ -21,8 +23,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections import deque
+
+def now() -> float:
+    """The time a span starts or ends: `ddnb.emulate.stamp()` once this process has loaded
+    the emulator (time.time() in real mode, its emulated time when emulating)."""
+    clock = sys.modules.get("ddnb.emulate.clock")
+    return time.time() if clock is None else clock.stamp()
+
 
 KINDS = ("compute", "send", "recv", "collective", "wait", "other")
 MAX_EVENTS = 200_000
@@ -62,11 +72,11 @@ class Tracer:
         if not self.enabled:
             yield
             return
-        start = time.time()
+        start = now()
         try:
             yield
         finally:
-            self.record(kind, name, start, time.time(), peer=peer, nbytes=nbytes, **extra)
+            self.record(kind, name, start, now(), peer=peer, nbytes=nbytes, **extra)
 
     def take(self) -> list[dict]:
         """Return the recorded events and clear them."""
