@@ -87,6 +87,22 @@ def test_a_paced_matmul_takes_its_flops_over_peak(world):
     assert took == pytest.approx(2 * 64 * 128 * 96 / PEAK, rel=0.05)
 
 
+def _traced_matmul(m, k, n):
+    from ddnb.trace import Tracer
+
+    a, b, tracer = torch.randn(m, k), torch.randn(k, n), Tracer()
+    with tracer.span("compute", "matmul"):
+        a @ b
+    (event,) = tracer.take()
+    return event["end"] - event["start"]
+
+
+def test_a_traced_span_is_stamped_in_emulated_time(world):
+    """Trace events of an emulated worker are in its emulated seconds (what the timelines
+    and idle fractions of the notebooks read), not this machine's."""
+    assert world.run(_traced_matmul, 64, 128, 96)[0] == pytest.approx(2 * 64 * 128 * 96 / PEAK, rel=1e-6)
+
+
 def _allreduce(algorithm, numel):
     import torch.distributed as dist
 
