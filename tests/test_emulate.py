@@ -336,3 +336,27 @@ def test_the_parameter_server_is_refused_in_an_emulated_cluster_on_every_rank():
     with World(3, emulate=SLOW, timeout=60) as w:
         with pytest.raises(WorkerError, match=r"(?s)ranks \[0, 1, 2\] raised.*parameter server is not emulated"):
             w.run(run)
+
+
+def _raw_and_layer_calls():
+    import torch.distributed as dist
+
+    from ddnb.emulate import messages, report
+
+    messages.barrier()                    # the emulated layer's: timed, not counted
+    x = torch.ones(4)
+    messages.all_reduce(x)
+    dist.barrier()                        # raw torch.distributed: real, untimed, counted
+    dist.all_reduce(x)
+    return report()["unmodeled"]
+
+
+def test_torch_distributed_calls_outside_the_emulated_layer_are_named_in_the_summary():
+    """A raw dist.barrier() takes no emulated time: the run says so instead of printing a
+    time that silently left it out."""
+    from ddnb.emulate import summary
+
+    with World(2, emulate=SLOW, timeout=60) as w:
+        assert w.run(_raw_and_layer_calls) == [{"barrier": 1, "allreduce_": 1}] * 2
+        line = summary(w.emulation_reports())
+    assert "outside ddnb's emulated layer took no emulated time (allreduce_ x2, barrier x2" in line

@@ -81,7 +81,10 @@ def wrap(strategy: str, model, lr: float = 0.01, bucket_mb: float = 25.0, allred
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model)
+        from ddnb.emulate import uncounted
+
+        with uncounted():                   # its broadcast of the parameters is set-up, not a step
+            model = DistributedDataParallel(model)
         from ddnb.emulate import current
 
         if current() is not None:   # emulated: each bucket's all-reduce at the ring's alpha-beta time
@@ -107,6 +110,7 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     import torch.nn.functional as F
 
     from ddnb.data_parallel import overlap_stats
+    from ddnb.emulate import uncounted
     from ddnb.timing import barrier_and_clock
     from ddnb.trace import Tracer
 
@@ -143,7 +147,8 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     out = {}
     for s, (model, *_, tracer) in runs.items():
         t = torch.tensor(times[s], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)          # a step ends when its slowest rank does
+        with uncounted():                                  # bookkeeping, after the timed steps
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)      # a step ends when its slowest rank does
         out[s] = {"times": t.tolist(), "overlap": overlap_stats(tracer.take()) if s == "bucketed" else None,
                   "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
         if hasattr(model, "remove_hooks"):

@@ -125,8 +125,12 @@ def _value_problems(every) -> list[str]:
 
 def replicate(module: nn.Module, src: int = 0, group=None, config: dict | None = None) -> nn.Module:
     """Make every rank's `module` a bit-identical copy of rank `src`'s: check the
-    architecture (and `config`) agree, broadcast, verify. Returns the module."""
-    check_replicas(module, group, values=False, config=config)
-    broadcast_module(module, src, group)
-    check_replicas(module, group, values=True)
+    architecture (and `config`) agree, broadcast, verify. Returns the module. Set-up, not
+    training: untimed in an emulated cluster (`ddnb.emulate.uncounted`)."""
+    from ddnb.emulate.compute import uncounted
+
+    with uncounted():
+        check_replicas(module, group, values=False, config=config)
+        broadcast_module(module, src, group)
+        check_replicas(module, group, values=True)
     return module

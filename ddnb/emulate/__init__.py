@@ -17,7 +17,8 @@ with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
 `notebooks/09_pipeline_parallelism.ipynb`.
 """
 from ddnb.emulate.clock import TOLERANCE, Emulator, activate, current, deactivate, report, resume, stamp, summary
+from ddnb.emulate.compute import uncounted
 from ddnb.emulate.profile import PROFILES, Link, Profile, custom, get_profile
 
 __all__ = ["PROFILES", "TOLERANCE", "Emulator", "Link", "Profile", "activate", "current", "custom", "deactivate",
-           "get_profile", "report", "resume", "stamp", "summary"]
+           "get_profile", "report", "resume", "stamp", "summary", "uncounted"]

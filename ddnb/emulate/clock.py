@@ -58,6 +58,7 @@ class Emulator:
         self.overrun_time = self.max_overrun = 0.0   # emulated seconds
         self.flops = self.compute_time = 0.0
         self.messages = self.bytes_sent = 0
+        self.unmodeled = {}        # torch.distributed op -> calls made outside the message layer
 
     # ------------------------------------------------------------------ time
     def real_now(self) -> float:
@@ -150,13 +151,19 @@ class Emulator:
                     self.free[(direction, kind)] = max(self.free.get((direction, kind), 0.0), until)
 
     # ------------------------------------------------------------------ report
+    def count_unmodeled(self, op: str) -> None:
+        """A torch.distributed call outside ddnb's emulated message layer: it ran for real
+        but took no emulated time (`ddnb.emulate.compute`)."""
+        with self.lock:
+            self.unmodeled[op] = self.unmodeled.get(op, 0) + 1
+
     def report(self) -> dict:
         """This rank's counts: syncs, overruns, their emulated seconds, compute charged."""
         with self.lock:
             return {"rank": self.rank, "profile": self.profile.name, "time": self.t, "syncs": self.syncs,
                     "overruns": self.overruns, "overrun_time": self.overrun_time,
                     "max_overrun": self.max_overrun, "flops": self.flops, "compute_time": self.compute_time,
-                    "messages": self.messages, "bytes_sent": self.bytes_sent}
+                    "messages": self.messages, "bytes_sent": self.bytes_sent, "unmodeled": dict(self.unmodeled)}
 
 
 _EMULATOR: Emulator | None = None
@@ -233,7 +240,8 @@ def report() -> dict | None:
 
 
 def summary(reports: list[dict]) -> str:
-    """One line for all ranks' reports: whether every operation kept to its model."""
+    """One line for all ranks' reports: whether every operation kept to its model, and
+    which torch.distributed calls ran outside the emulated message layer (untimed)."""
     reports = [r for r in reports if r]
     if not reports:
         return "real mode: nothing emulated"
@@ -241,8 +249,18 @@ def summary(reports: list[dict]) -> str:
     syncs = sum(r["syncs"] for r in reports)
     name = reports[0]["profile"]
     if not over:
-        return f"emulated '{name}': no overruns in {syncs} syncs (every operation kept to its modeled time)"
-    worst = max(r["max_overrun"] for r in over)
-    return (f"emulated '{name}': {sum(r['overruns'] for r in over)} overruns in {syncs} syncs on rank(s) "
-            f"{', '.join(str(r['rank']) for r in over)} (worst {worst * 1e3:.3f} emulated ms): real work "
-            f"took longer than its model there, so those times are too slow; raise slowdown")
+        line = f"emulated '{name}': no overruns in {syncs} syncs (every operation kept to its modeled time)"
+    else:
+        worst = max(r["max_overrun"] for r in over)
+        line = (f"emulated '{name}': {sum(r['overruns'] for r in over)} overruns in {syncs} syncs on rank(s) "
+                f"{', '.join(str(r['rank']) for r in over)} (worst {worst * 1e3:.3f} emulated ms): real work "
+                f"took longer than its model there, so those times are too slow; raise slowdown")
+    unmodeled = {}
+    for r in reports:
+        for op, k in r.get("unmodeled", {}).items():
+            unmodeled[op] = unmodeled.get(op, 0) + k
+    if unmodeled:
+        calls = ", ".join(f"{op} x{k}" for op, k in sorted(unmodeled.items()))
+        line += (f"; torch.distributed calls outside ddnb's emulated layer took no emulated time ({calls} over "
+                 f"all ranks): use ddnb.emulate.messages or ddnb.timing.barrier_and_clock for timed ones")
+    return line

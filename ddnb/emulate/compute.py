@@ -11,9 +11,16 @@ still runs, so results are bit-identical to real mode; only time is modeled.
 
 The mode is per thread (PyTorch keeps dispatch modes thread-locally): the thread that
 calls `activate` is paced, which on CPU includes autograd's backward (it runs in the
-caller's thread). Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+caller's thread). Communication is timed by the message layer (`ddnb.emulate.messages`),
+which issues its torch.distributed calls inside `uncounted()`; a torch.distributed call made
+anywhere else (a raw `dist.barrier()` in a user's function, DDP's broadcast of the
+parameters at construction) takes no emulated time, and is counted so that the run's
+summary says so (`Emulator.unmodeled`). Taught in `notebooks/09_pipeline_parallelism.ipynb`.
 """
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,6 +57,22 @@ def op_cost(func, args, kwargs, out) -> tuple[float, float]:
     return flops, float(_tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out))
 
 
+_LAYER = threading.local()
+
+
+@contextlib.contextmanager
+def uncounted():
+    """torch.distributed calls made inside are not counted as untimed ones: the message
+    layer's own (it times them), and set-up or bookkeeping that is not part of what is
+    measured (replicating a model before training, gathering results after). Costs nothing
+    in real mode."""
+    _LAYER.depth = getattr(_LAYER, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _LAYER.depth -= 1
+
+
 class PacedCompute(TorchDispatchMode):
     """Charges every operation of this thread to `emulator` (`ddnb.emulate.clock.Emulator`)."""
 
@@ -60,6 +83,8 @@ class PacedCompute(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.namespace == "c10d" and not getattr(_LAYER, "depth", 0) and _tensor_bytes(args):   # no bytes: no message
+            self.emulator.count_unmodeled(func.__name__.split(".")[0])
         flops, nbytes = op_cost(func, args, kwargs, out)
         if flops or nbytes:
             self.emulator.charge(self.emulator.profile.compute_time(flops, nbytes), flops)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ddnb.emulate.clock import current
+from ddnb.emulate.compute import uncounted
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -76,7 +77,8 @@ def post(ops, group=None) -> list[EmulatedWork]:
                 em.advance_to(arrival)
                 return arrival
             out.append(EmulatedWork(batch, em.t, finish=finish))
-    works = dist.batch_isend_irecv(p2p_ops)
+    with uncounted():
+        works = dist.batch_isend_irecv(p2p_ops)
     for k, w in enumerate(out):      # each message waits for its own header and payload
         w.works = works[2 * k:2 * k + 2] if len(works) == len(p2p_ops) else works[:1]
     return out
@@ -88,7 +90,8 @@ def _started_together(group=None) -> float:
     MAX all-reduce of the ranks' times)."""
     em = current()
     t = torch.tensor([em.sync()], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    with uncounted():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.item()
 
 
@@ -117,8 +120,9 @@ class EmulatedAllReduce:
         self.launch = em.sync()
         self.tensor, self.group, self.end = tensor, group, None
         self._last = torch.tensor([self.launch], dtype=torch.float64)
-        self.works = [dist.all_reduce(self._last, op=dist.ReduceOp.MAX, group=group, async_op=True),
-                      dist.all_reduce(tensor, op=op, group=group, async_op=True)]
+        with uncounted():
+            self.works = [dist.all_reduce(self._last, op=dist.ReduceOp.MAX, group=group, async_op=True),
+                          dist.all_reduce(tensor, op=op, group=group, async_op=True)]
 
     def is_completed(self) -> bool:
         return self.end is not None
