@@ -101,6 +101,13 @@ def test_saved_on_n_loaded_on_m_is_exact(world, tmp_path, kind, n, m):
     assert not torch.equal(flat_params(mlp(SIZES, seed=7)), saved[0][0])   # the loading model started elsewhere
 
 
+def test_fsdp2_sharded_on_4_loads_into_a_replicated_model_on_2(world, tmp_path):
+    # the checkpoint holds global tensors, not a layout: sharded state loads unsharded
+    saved = world(4).run(fsdp2, str(tmp_path), True)
+    loaded = world(2).run(replicated, str(tmp_path), False)
+    _same_everywhere(saved, loaded)
+
+
 def test_zero3_shards_are_the_dtensor_chunks():
     # ceil-sized chunks, the last short or empty: what DTensor's Shard(0) gives each rank
     assert [valid_numel(10, 3, r) for r in range(4)] == [3, 3, 3, 1]

@@ -23,6 +23,9 @@ Three kinds of training state, each a DCP `Stateful` (state_dict / load_state_di
                                    unit's numel, and Adam's exp_avg / exp_avg_sq likewise
     ElasticSampler                 `ddnb.elastic.sampler`: the position (epoch, consumed)
 
+The files hold global tensors, not a layout: FSDP2 state saved on 4 ranks loads into a
+replicated model on 2 (the same names: `fully_shard` keeps the module's FQNs).
+
     save({"model": ModelState(model, opt), "sampler": sampler}, "ckpt/")   # on N ranks
     load({"model": ModelState(model2, opt2), "sampler": sampler2}, "ckpt/") # on M ranks
 
