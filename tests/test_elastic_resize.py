@@ -5,7 +5,10 @@ DCP checkpoint. After each resize every new rank holds exactly the parameters of
 record, gathered from all ranks); and the run follows one process reading the same
 global batches (`reference_steps`), up to float rounding."""
 import functools
+import glob
 import json
+import os
+import tempfile
 
 import pytest
 import torch
@@ -42,8 +45,9 @@ def test_resize_4_to_2_to_3_keeps_parameters_and_reads_each_sample_once(cluster,
     resize(cluster, 2, directory=tmp_path / "a")                            # a real removal
     assert cluster.n == 2 and all(torch.equal(p, before) for p in cluster.run(_params))
     runs.append(cluster.run(train_steps, "state", 2, PER_RANK))             # 2 steps of 96
-    before = runs[-1][0]["params"]
+    before, temporary = runs[-1][0]["params"], set(glob.glob(os.path.join(tempfile.gettempdir(), "ddnb-elastic-*")))
     cluster.resize(3, state="state")                                        # a real add, via Cluster
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ddnb-elastic-*"))) == temporary   # removed once loaded
     assert cluster.n == 3 and all(torch.equal(p, before) for p in cluster.run(_params))
     runs.append(cluster.run(train_steps, "state", 100, PER_RANK))           # to the end of the epoch
     records = cluster.run(_record)

@@ -25,6 +25,7 @@ new world may have any size. Taught in `notebooks/14_precision_compression_elast
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 from ddnb._checks import Checks
@@ -88,7 +89,8 @@ def _load_on_rank(build: bytes, name: str, directory: str) -> None:
 def resize(cluster, n: int, state: str = "state", directory=None):
     """Change `cluster` to n workers, carrying the ElasticState `state` of its engines
     across (see the module docstring); returns the cluster. `directory`: where the
-    checkpoint goes (default: a new temporary folder; every worker must see it). Bad n,
+    checkpoint goes (default: a temporary folder, removed once loaded; every worker must
+    see it: one machine, or a shared file system). Bad n,
     a stopped cluster or a missing state are named before any worker stops."""
     with Checks("resize") as check:
         check_n(n, check=check)
@@ -101,8 +103,11 @@ def resize(cluster, n: int, state: str = "state", directory=None):
                          f"cluster.run(ddnb.elastic.resize.start, build, {state!r}) first")
     if n == cluster.n:
         return cluster
-    directory = str(directory) if directory is not None else tempfile.mkdtemp(prefix="ddnb-elastic-")
+    own = directory is None
+    directory = tempfile.mkdtemp(prefix="ddnb-elastic-") if own else str(directory)
     build = cluster.run(_save_on_rank, state, directory)[0]
     cluster.resize(n)
     cluster.run(_load_on_rank, build, state, directory)
+    if own:
+        shutil.rmtree(directory, ignore_errors=True)     # loaded: the temporary checkpoint is spent
     return cluster
