@@ -1,5 +1,5 @@
 """ddnb.elastic.checkpoint: DCP checkpoints saved by N ranks and loaded by M != N, for a
-replicated model + Adam, ddnb's ZeRO-3 shards and torch FSDP2; the loaded parameters and
+replicated model + Adam, ddnb's ZeRO-3 (and ZeRO-1) shards and torch FSDP2; the loaded parameters and
 Adam moments equal the saved ones exactly (torch.equal), gathered over all ranks."""
 import pytest
 import torch
@@ -70,10 +70,10 @@ def fsdp2(directory, saving):
     return _params_full(model), _adam_full(opt, list(model.parameters()))
 
 
-def zero3(directory, saving):
-    from ddnb.sharding import ZeroStage3
+def zero3(directory, saving, stage=3):
+    from ddnb.sharding import ZeroStage1, ZeroStage3
 
-    zero = ZeroStage3(mlp(SIZES, seed=0 if saving else 7), lr=1e-2)
+    zero = (ZeroStage3 if stage == 3 else ZeroStage1)(mlp(SIZES, seed=0 if saving else 7), lr=1e-2)
     if saving:
         _train(zero, zero, 3, shard=True)
         save({"train": ZeroState(zero)}, directory)
@@ -81,6 +81,10 @@ def zero3(directory, saving):
         load({"train": ZeroState(zero)}, directory)
     adam = full_adam_state(zero)
     return zero.full_parameters(), torch.cat([adam["exp_avg"], adam["exp_avg_sq"]]), adam["step"]
+
+
+def zero1(directory, saving):
+    return zero3(directory, saving, stage=1)
 
 
 def _same_everywhere(saved, loaded):
@@ -92,8 +96,8 @@ def _same_everywhere(saved, loaded):
                 assert a == b
 
 
-@pytest.mark.parametrize("kind, n, m", [(replicated, 2, 3), (zero3, 2, 3), (zero3, 4, 2), (fsdp2, 2, 3),
-                                        (fsdp2, 4, 2)], ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("kind, n, m", [(replicated, 2, 3), (zero3, 2, 3), (zero3, 4, 2), (zero1, 4, 3),
+                                        (fsdp2, 2, 3), (fsdp2, 4, 2)], ids=lambda v: getattr(v, "__name__", v))
 def test_saved_on_n_loaded_on_m_is_exact(world, tmp_path, kind, n, m):
     saved = world(n).run(kind, str(tmp_path), True)
     loaded = world(m).run(kind, str(tmp_path), False)
