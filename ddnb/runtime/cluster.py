@@ -233,8 +233,10 @@ class Cluster:
                     "backend": self.backend},) for w in self.workers]
         self._run_engines(worker.push_namespace, [p + (self.horovod,) for p in pushes], "push", timeout=self.start_timeout)
 
-    def resize(self, n: int) -> "Cluster":
-        """Change the number of workers to n and re-form the process group (and Horovod)."""
+    def resize(self, n: int, state: str | None = None) -> "Cluster":
+        """n workers, the process group (and Horovod) re-formed; `state`: see `ddnb.elastic.resize`."""
+        if state is not None:
+            from ddnb.elastic.resize import resize; return resize(self, n, state)  # noqa: E702
         check_n(n)
         if self.client is None:
             raise ClusterError("the cluster is stopped; call start() first")
