@@ -235,8 +235,8 @@ class Cluster:
 
     def resize(self, n: int, state: str | None = None) -> "Cluster":
         """n workers, the process group (and Horovod) re-formed; `state`: see `ddnb.elastic.resize`."""
-        if state is not None:
-            from ddnb.elastic.resize import resize; return resize(self, n, state)  # noqa: E702
+        if state is not None:   # checkpoint, resize, reshard: ddnb.elastic.resize
+            return __import__("ddnb.elastic.resize", fromlist=["resize"]).resize(self, n, state)
         check_n(n)
         if self.client is None:
             raise ClusterError("the cluster is stopped; call start() first")
