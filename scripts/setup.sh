@@ -33,7 +33,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip_install() { "$PY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pip_install --upgrade pip setuptools wheel
 echo "setup: installing torch==$TORCH"
-pip_install "torch==$TORCH"
+# with the torchvision of the same release (torch 2.N <-> torchvision 0.(N+15)): litdata needs
+# one, and an unpinned one would pull a newer torch over the pinned one
+minor=${TORCH#2.}; minor=${minor%%.*}
+pip_install "torch==$TORCH" "torchvision==0.$((minor + 15)).*"
 echo "setup: installing ddnb and its dependencies"
 pip_install -e ".[dev,horovod]"
 bash scripts/install_horovod.sh "$PY"
