@@ -13,7 +13,8 @@ directory). Each epoch the shards are put in one order, the same on every rank (
 `shard_indices` over the shards, seeded by seed + epoch), the samples in that order are
 laid end to end (n = sum of the shard sizes), and rank r takes the contiguous run
 
-    [floor(r·n / N), floor((r+1)·n / N))          (sizes differ by at most one)
+    [r·q + min(r, m), (r+1)·q + min(r+1, m))      q = n // N, m = n mod N
+                                                  (the first m ranks take one more: torch.tensor_split's cut)
 
 so it opens the shards that run touches: about S/N of the S shards, plus at most one it
 shares with each neighbour, whatever the shard sizes (uneven shards need nothing special).
@@ -44,7 +45,8 @@ def rank_spans(shard_sizes, world_size: int, rank: int, epoch: int = 0, seed: in
     if drop_last:
         lo, hi = rank * (n // world_size), (rank + 1) * (n // world_size)
     else:
-        lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+        q, m = divmod(n, world_size)
+        lo, hi = rank * q + min(rank, m), (rank + 1) * q + min(rank + 1, m)
     spans, offset = [], 0                       # offset: where shard k starts in the epoch's stream
     for k in order:
         begin, end = max(lo, offset), min(hi, offset + shard_sizes[k])
