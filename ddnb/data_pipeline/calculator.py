@@ -22,6 +22,8 @@ import math
 
 from ddnb._checks import Checks
 
+STAGES = ("storage", "decode", "compute")   # the parts of a step pipeline_bound returns
+
 GROWTH = [  # name, year, samples, unit, bytes on disk, source
     {"dataset": "ImageNet (ILSVRC-2012 train)", "year": 2009, "samples": 1.28e6, "unit": "images", "bytes": 1.5e11,
      "source": "Deng et al. 2009, CVPR; Russakovsky et al. 2015, IJCV (1,281,167 training images, ~150 GB of JPEG)"},

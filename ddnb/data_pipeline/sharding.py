@@ -47,8 +47,14 @@ def rank_spans(shard_sizes, world_size: int, rank: int, epoch: int = 0, seed: in
     else:
         q, m = divmod(n, world_size)
         lo, hi = rank * q + min(rank, m), (rank + 1) * q + min(rank + 1, m)
-    spans, offset = [], 0                       # offset: where shard k starts in the epoch's stream
-    for k in order:
+    return cut_run(shard_sizes, lo, hi, order)
+
+
+def cut_run(shard_sizes, lo: int, hi: int, order=None) -> list[tuple[int, int, int]]:
+    """Samples lo..hi-1 of the stream made by laying the shards end to end in `order`
+    (default 0, 1, ...), as (shard, begin, end) spans."""
+    spans, offset = [], 0                       # offset: where shard k starts in the stream
+    for k in range(len(shard_sizes)) if order is None else order:
         begin, end = max(lo, offset), min(hi, offset + shard_sizes[k])
         if begin < end:
             spans.append((k, begin - offset, end - offset))

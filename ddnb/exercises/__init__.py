@@ -16,6 +16,7 @@ from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_
 from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
+from ddnb.exercises.data_pipeline import check_bound, check_rank_spans, check_read_bandwidth
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 from ddnb.exercises.first_steps import check_sum_over_ranks
 from ddnb.exercises.flops import check_flops_per_token

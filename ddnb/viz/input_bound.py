@@ -15,10 +15,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ddnb.data_pipeline.calculator import pipeline_bound
+from ddnb.data_pipeline.calculator import STAGES, pipeline_bound
 from ddnb.viz.png import figure_png
-
-STAGES = ("storage", "decode", "compute")
 
 
 def plot_input_bound(parts: dict, title: str = "", ax=None):
