@@ -14,8 +14,8 @@ from ddnb.data_pipeline.calculator import GROWTH, drives_needed, pipeline_bound,
 from ddnb.data_pipeline.dataset import Sample, augment, decode, make_images
 from ddnb.data_pipeline.formats import FORMATS, Stored, check_readable, read_shard, write
 from ddnb.data_pipeline.sharding import ShardedReader, rank_spans
-from ddnb.data_pipeline.throughput import drop_cache, preprocess_cost, read_throughput
+from ddnb.data_pipeline.throughput import DecodedImages, decode_all, drop_cache, preprocess_cost, read_throughput
 
-__all__ = ["FORMATS", "GROWTH", "Sample", "ShardedReader", "Stored", "augment", "check_readable", "decode",
+__all__ = ["DecodedImages", "FORMATS", "GROWTH", "Sample", "ShardedReader", "Stored", "augment", "check_readable", "decode", "decode_all",
            "drives_needed", "drop_cache", "make_images", "pipeline_bound", "preprocess_cost", "rank_spans",
            "read_bandwidth", "read_shard", "read_throughput", "samples_per_s", "write"]

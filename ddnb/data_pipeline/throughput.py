@@ -98,16 +98,52 @@ def read_throughput(stored, readers: int = 0, cold: bool = False, batch_size: in
             "total_s": total, "samples_per_s": samples / total, "mb_per_s": nbytes / total / 1e6}
 
 
-def preprocess_cost(samples: list, seed: int = 0) -> dict:
+def preprocess_cost(samples: list, seed: int = 0, threads: int = 1) -> dict:
     """Seconds per sample to decode (Pillow) and to augment (crop, flip, standardize)
-    `samples`, on this process's thread(s)."""
+    `samples`, with torch limited to `threads` intra-op threads meanwhile (restored after).
+    One, as in a DataLoader worker (PyTorch sets it there): on tiny tensors a pool of
+    threads costs more than the work, many times more on a loaded machine."""
     with Checks("preprocess_cost") as check:
         check.rule(isinstance(samples, list) and len(samples) > 0, "samples: need a non-empty list of Sample")
-    t0 = time.perf_counter()
-    images = [decode(s.data) for s in samples]            # each uint8 (3, H, W)
-    t1 = time.perf_counter()
-    for i, image in enumerate(images):
-        augment(image, seed + i)
-    t2 = time.perf_counter()
+        check.integer("threads", threads, min=1, max=256)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t0 = time.perf_counter()
+        images = [decode(s.data) for s in samples]            # each uint8 (3, H, W)
+        t1 = time.perf_counter()
+        for i, image in enumerate(images):
+            augment(image, seed + i)
+        t2 = time.perf_counter()
+    finally:
+        torch.set_num_threads(before)
     return {"samples": len(samples), "decode_s": (t1 - t0) / len(samples), "augment_s": (t2 - t1) / len(samples),
-            "threads": torch.get_num_threads()}
+            "threads": threads}
+
+
+class DecodedImages(torch.utils.data.Dataset):
+    """Samples decoded and augmented on the fly, for a DataLoader: item i is
+    (augment(decode(samples[i].data), seed + i), label), float32 (3, H, W) and an int.
+    With `cache` (uint8 (n, 3, H, W) from `decode_all`), decoding is skipped: offline
+    preprocessing, paid once, then only the augmentation each epoch."""
+
+    def __init__(self, samples: list, seed: int = 0, cache: torch.Tensor | None = None):
+        self.samples, self.seed, self.cache = samples, seed, cache
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        image = self.cache[i] if self.cache is not None else decode(self.samples[i].data)   # uint8 (3, H, W)
+        return augment(image, self.seed + i), self.samples[i].label
+
+
+def decode_all(samples: list, path: str | None = None) -> torch.Tensor:
+    """uint8 (n, 3, H, W): every sample decoded once (offline preprocessing); saved to /
+    loaded from `path` (torch.save) when given, as a cache that later epochs read."""
+    if path is not None and os.path.exists(path):
+        return torch.load(path)
+    images = torch.stack([decode(s.data) for s in samples])     # (n, 3, H, W)
+    if path is not None:
+        torch.save(images, path)
+    return images
