@@ -181,7 +181,9 @@ def test_measured_bytes_equal_the_stored_samples(stored, samples):
         r = read_throughput(stored[("webdataset", N)], readers=readers, cold=True)
         assert r["samples"] == N and r["bytes"] == sum(len(s.data) for s in samples)
         assert r["cold_ok"] is True and r["samples_per_s"] > 0 and 0 < r["first_batch_s"] <= r["total_s"]
+    threads = torch.get_num_threads()
     cost = preprocess_cost(samples[:20])
+    assert torch.get_num_threads() == threads and cost["threads"] == 1
     assert cost["samples"] == 20 and cost["decode_s"] > 0 and cost["augment_s"] > 0
 
 

@@ -13,9 +13,10 @@
   Learning", the paper behind the `webdataset` package): one open per shard, large reads.
 - "litdata": Lightning's chunked binary format (`litdata`, its `BinaryWriter` and
   `StreamingDataset`): chunks of `shard_size` items plus an `index.json`, built to stream
-  from object storage with random access by index. Chosen over `mosaicml-streaming`
-  because it installed with torch pinned (both require torchvision; litdata needs fewer
-  cloud SDKs) and reads a local directory with no network (checked under `unshare -n`).
+  from object storage with random access by index. Tried first of the two candidates
+  (`mosaicml-streaming` the other): it installs beside the pinned torch once torchvision is
+  pinned to match (both packages require torchvision, whose newest release pulls a newer
+  torch), and it writes and reads a local directory with no network (checked under `unshare -n`).
 
 A shard is the unit a rank opens (`ddnb.data_pipeline.sharding`). `check_readable` looks
 at every shard (a tar's headers, a chunk's size against the index) without decoding, so a
