@@ -116,14 +116,15 @@ def read_shard(stored: Stored, k: int, dataset=None):
             with open(os.path.join(path, name), "rb") as f:
                 yield Sample(key, f.read(), int(label))
     elif stored.format == "webdataset":
-        with tarfile.open(path) as tar:            # a streamed read of the shard, member by member
-            pending = {}
-            for member in tar:
-                key, ext = member.name.split(".", 1)
-                pending.setdefault(key, {})[ext] = tar.extractfile(member).read()
-                if len(pending[key]) == 2:
-                    parts = pending.pop(key)
-                    yield Sample(key, parts.get("jpg", parts.get("png")), int(parts["cls"]))
+        import webdataset as wds
+
+        # webdataset's own reader: the tar streamed front to back (Python's tarfile underneath),
+        # members grouped by key into {"__key__", "jpg" or "png", "cls"}, left as bytes (no .decode()).
+        # The shard is already this rank's and this worker's (sharding.py): no splitting here.
+        everything = lambda urls: urls  # noqa: E731
+        for parts in wds.WebDataset(path, shardshuffle=False, empty_check=False, nodesplitter=everything,
+                                    workersplitter=everything):
+            yield Sample(parts["__key__"], parts.get("jpg", parts.get("png")), int(parts["cls"]))
     else:
         ds = dataset if dataset is not None else _litdata_dataset(stored.root)
         first = sum(stored.sizes[:k])
