@@ -33,12 +33,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip_install() { "$PY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pip_install --upgrade pip setuptools wheel
 echo "setup: installing torch==$TORCH"
-# with the torchvision of the same release (torch 2.N <-> torchvision 0.(N+15)): litdata needs
-# one, and an unpinned one would pull a newer torch over the pinned one
-minor=${TORCH#2.}; minor=${minor%%.*}
-pip_install "torch==$TORCH" "torchvision==0.$((minor + 15)).*"
+pip_install "torch==$TORCH"
 echo "setup: installing ddnb and its dependencies"
 pip_install -e ".[dev,horovod]"
+# litdata (notebook 01b) without its declared torchvision: ddnb never imports torchvision, and
+# resolving it would pull the newest torchvision and with it a newer torch over the pinned one
+# (a PyPI torchvision next to a CPU torch also fails on import). Its other needs are in pyproject.toml.
+pip_install --no-deps "litdata>=0.2.50"
 bash scripts/install_horovod.sh "$PY"
 if [ ! -x /usr/bin/chromium ]; then   # Playwright drives this one; it never downloads a browser
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -14,9 +14,10 @@
 - "litdata": Lightning's chunked binary format (`litdata`, its `BinaryWriter` and
   `StreamingDataset`): chunks of `shard_size` items plus an `index.json`, built to stream
   from object storage with random access by index. Tried first of the two candidates
-  (`mosaicml-streaming` the other): it installs beside the pinned torch once torchvision is
-  pinned to match (both packages require torchvision, whose newest release pulls a newer
-  torch), and it writes and reads a local directory with no network (checked under `unshare -n`).
+  (`mosaicml-streaming` the other) and kept: it writes and reads a local directory with no
+  network (checked under `unshare -n`). Both declare torchvision, whose newest release pulls
+  a newer torch over the pinned one; litdata runs without it for raw bytes, so
+  scripts/setup.sh installs it with --no-deps.
 
 A shard is the unit a rank opens (`ddnb.data_pipeline.sharding`). `check_readable` looks
 at every shard (a tar's headers, a chunk's size against the index) without decoding, so a
