@@ -28,7 +28,8 @@ GROWTH = [  # name, year, samples, unit, bytes on disk, source
     {"dataset": "ImageNet (ILSVRC-2012 train)", "year": 2009, "samples": 1.28e6, "unit": "images", "bytes": 1.5e11,
      "source": "Deng et al. 2009, CVPR; Russakovsky et al. 2015, IJCV (1,281,167 training images, ~150 GB of JPEG)"},
     {"dataset": "C4", "year": 2019, "samples": 1.56e11, "unit": "tokens", "bytes": 7.5e11,
-     "source": "Raffel et al. 2020, JMLR, Sec. 2.2 ('about 750 GB'); tokens: Sec. 3.7"},
+     "source": "Raffel et al. 2020, JMLR, Sec. 2.2 ('about 750 GB'); ~156 B tokens: Dodge et al. 2021, EMNLP "
+               "('Documenting Large Webtext Corpora')"},
     {"dataset": "LAION-5B", "year": 2022, "samples": 5.85e9, "unit": "image-text pairs", "bytes": 2.4e14,
      "source": "Schuhmann et al. 2022, NeurIPS Datasets and Benchmarks (5.85 B pairs, ~240 TB of images)"},
     {"dataset": "FineWeb", "year": 2024, "samples": 1.5e13, "unit": "tokens", "bytes": 4.4e13,
