@@ -36,6 +36,10 @@ echo "setup: installing torch==$TORCH"
 pip_install "torch==$TORCH"
 echo "setup: installing ddnb and its dependencies"
 pip_install -e ".[dev,horovod]"
+# litdata (notebook 01b) without its declared torchvision: ddnb never imports torchvision, and
+# resolving it would pull the newest torchvision and with it a newer torch over the pinned one
+# (a PyPI torchvision next to a CPU torch also fails on import). Its other needs are in pyproject.toml.
+pip_install --no-deps "litdata>=0.2.50"
 bash scripts/install_horovod.sh "$PY"
 if [ ! -x /usr/bin/chromium ]; then   # Playwright drives this one; it never downloads a browser
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -16,6 +16,7 @@ from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_
 from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes
 from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
+from ddnb.exercises.data_pipeline import check_bound, check_rank_spans, check_read_bandwidth
 from ddnb.exercises.elastic import check_remaining_indices
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 from ddnb.exercises.first_steps import check_sum_over_ranks
@@ -27,8 +28,10 @@ from ddnb.exercises.predict import check_prediction
 from ddnb.exercises.tasks import check_task_map
 from ddnb.exercises.tensor_parallel import check_column_parallel
 
-__all__ = ["check_1f1b", "check_accumulation_calls", "check_allreduce", "check_broadcast", "check_bytes_prediction",
-           "check_column_parallel", "check_comm_hook", "check_dropped_tokens", "check_flops_per_token",
-           "check_gossip_step", "check_merge", "check_powersgd_bytes", "check_prediction", "check_ps_step",
-           "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks", "check_task_map",
-           "check_topk_error_feedback", "check_ulysses_bytes", "close_worlds", "compare", "passed", "run_on_ranks"]
+__all__ = ["check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
+           "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dropped_tokens",
+           "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
+           "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
+           "check_remaining_indices", "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks",
+           "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "close_worlds", "compare",
+           "passed", "run_on_ranks"]

@@ -8,6 +8,7 @@ from ddnb.viz.buffers import plot_buffers
 from ddnb.viz.gradients import (GradientFlowExplorer, plot_bucket_timeline, plot_gradient_heatmap,
                                 plot_horovod_timeline)
 from ddnb.viz.growth import plot_model_growth
+from ddnb.viz.input_bound import InputBoundExplorer, plot_input_bound
 from ddnb.viz.memory import plot_memory
 from ddnb.viz.moe import MoELoadExplorer, plot_expert_load
 from ddnb.viz.memory_calculator import MemoryCalculator, plot_training_memory
@@ -34,6 +35,8 @@ __all__ = [
     # 01: why distributed
     "MemoryCalculator", "plot_loader_throughput", "plot_model_growth", "plot_step_throughput", "plot_training_days",
     "plot_training_memory",
+    # 01b: the data pipeline
+    "InputBoundExplorer", "plot_input_bound",
     # 02: task parallelism
     "plot_ensemble", "plot_search", "plot_task_timeline",
     # 06, 07: data parallelism, Horovod
