@@ -53,3 +53,21 @@ def test_plot_accuracy_vs_bytes_draws_one_point_per_row():
     ax = plot_accuracy_vs_bytes(rows)
     assert len(ax.collections) == 2 and [t.get_text() for t in ax.texts] == ["none", "topk"]
     assert ax.get_xscale() == "log" and list(ax.collections[1].get_offsets()[0]) == [6808, 93.0]
+
+
+def test_the_link_sweep_times_each_method_on_each_emulated_link():
+    """Rows per (bandwidth, method) in emulated seconds, none's speedup 1; on a slow link
+    top-k (1% of the bytes) beats the plain all-reduce, on a fast one its selection costs
+    more than it saves; `pays_below` reads that off the rows."""
+    from ddnb.bench.compress_links import link_sweep, pays_below
+
+    rows = link_sweep(["none", "topk"], [1e7, 1e11], workers=2, steps=4, slowdown=50)
+    assert [(r["bandwidth"], r["method"]) for r in rows] == [(1e7, "none"), (1e7, "topk"), (1e11, "none"),
+                                                             (1e11, "topk")]
+    assert all(r["emulated"].startswith("T4s") for r in rows)
+    speed = {(r["bandwidth"], r["method"]): r["speedup"] for r in rows}
+    assert speed[(1e7, "none")] == speed[(1e11, "none")] == 1.0
+    assert speed[(1e7, "topk")] > 2 and speed[(1e11, "topk")] < 1
+    assert pays_below(rows) == {"topk": 1e7}
+    with pytest.raises(ValueError, match="need 'none'"):
+        link_sweep(["topk"], [1e9])

@@ -360,3 +360,31 @@ def test_torch_distributed_calls_outside_the_emulated_layer_are_named_in_the_sum
         assert w.run(_raw_and_layer_calls) == [{"barrier": 1, "allreduce_": 1}] * 2
         line = summary(w.emulation_reports())
     assert "outside ddnb's emulated layer took no emulated time (allreduce_ x2, barrier x2" in line
+
+
+def _gather_and_ops(nbytes):
+    import torch.distributed as dist
+
+    from ddnb.emulate import current, messages
+
+    em = current()
+    x = torch.ones(nbytes // 4)
+    out = torch.empty(dist.get_world_size() * x.numel())
+    t0 = messages.barrier()
+    messages.all_gather(out, x)
+    gathered = em.now() - t0
+    t1 = em.now()
+    x + 1                                    # one elementwise op: roofline bytes + the launch overhead
+    return gathered, em.now() - t1, bool(torch.equal(out, torch.ones_like(out)))
+
+
+def test_an_all_gather_takes_the_rings_time_and_each_op_its_launch_overhead():
+    """messages.all_gather: (N-1)(alpha + S/B) after the last rank arrives; a profile's
+    op_overhead is added to every charged operation."""
+    n, nbytes, overhead = 3, 100_000, 2e-3
+    with World(n, emulate=SLOW.with_(op_overhead=overhead), timeout=60) as w:
+        for gathered, op, ok in w.run(_gather_and_ops, nbytes):
+            assert ok and gathered == pytest.approx((n - 1) * (ALPHA + nbytes / BW), rel=0.02)
+            assert op == pytest.approx(overhead + 3 * nbytes / 1e12, rel=0.02)
+    with pytest.raises(ValueError, match="op_overhead"):
+        SLOW.with_(op_overhead=-1.0)

@@ -20,14 +20,14 @@ Taught in `notebooks/14_precision_compression_elastic.ipynb`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from ddnb.compat import all_gather_single
-from ddnb.trace import Tracer, get_tracer
+from ddnb.emulate import current
+from ddnb.trace import Tracer, get_tracer, now
 
 
 @dataclass
@@ -73,10 +73,16 @@ def nbytes(t: torch.Tensor) -> int:
 
 def allreduce(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_reduce",
               **fields) -> torch.Tensor:
-    """Sum `tensor` over the ranks of `group`, in place; traced (nbytes = its bytes)."""
-    start = time.time()
-    dist.all_reduce(tensor, group=group)
-    get_tracer(tracer).record("collective", name, start, time.time(), nbytes=nbytes(tensor), op="all_reduce",
+    """Sum `tensor` over the ranks of `group`, in place; traced (nbytes = its bytes). In an
+    emulated cluster it takes the ring's alpha-beta time (`ddnb.emulate.messages`)."""
+    start = now()
+    if current() is not None:
+        from ddnb.emulate.messages import all_reduce
+
+        all_reduce(tensor, group=group)
+    else:
+        dist.all_reduce(tensor, group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=nbytes(tensor), op="all_reduce",
                               **fields)
     return tensor
 
@@ -87,9 +93,14 @@ def allgather(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, na
     what this rank contributes)."""
     n = dist.get_world_size(group)
     out = torch.empty(n * tensor.numel(), dtype=tensor.dtype, device=tensor.device)    # (N·S,)
-    start = time.time()
-    all_gather_single(out, tensor.contiguous(), group=group)
-    get_tracer(tracer).record("collective", name, start, time.time(), nbytes=nbytes(tensor), op="all_gather",
+    start = now()
+    if current() is not None:        # the ring all-gather's alpha-beta time
+        from ddnb.emulate.messages import all_gather
+
+        all_gather(out, tensor.contiguous(), group=group)
+    else:
+        all_gather_single(out, tensor.contiguous(), group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=nbytes(tensor), op="all_gather",
                               **fields)
     return out.view(n, tensor.numel())
 

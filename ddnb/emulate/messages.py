@@ -156,6 +156,21 @@ def ddp_comm_hook(group, bucket):
     return EmulatedAllReduce(buffer, group).get_future()
 
 
+def all_gather(out: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
+    """`ddnb.compat.all_gather_single(out, tensor)`, for real; its emulated time is the ring
+    all-gather's (N-1)(alpha + S/B) for S bytes per rank (Thakur, Rabenseifner & Gropp 2005,
+    Sec. 4: (p-1) alpha + (p-1)/p n beta with n = N S gathered), from when the last rank
+    called it, on the group's slowest link."""
+    from ddnb.compat import all_gather_single
+
+    em = current()
+    last = _started_together(group)
+    with uncounted():
+        all_gather_single(out, tensor, group=group)
+    n, link = dist.get_world_size(group), _slowest_link(group)
+    em.run_collective(last, (n - 1) * link.time(_nbytes(tensor)))
+
+
 def barrier(group=None) -> float:
     """dist.barrier, in emulated time: every rank leaves at the last arrival plus
     ceil(log2 N) latencies (a dissemination barrier: Hensgen, Finkel & Manber 1988).

@@ -12,7 +12,10 @@ A profile holds what the emulator charges for (`ddnb.emulate`):
   host (NVLink) and `inter` between hosts (a NIC: Ethernet or InfiniBand);
 - `ranks_per_host`: ranks r and s share a host when r // ranks_per_host == s // ranks_per_host;
 - `slowdown`: real seconds per emulated second (time dilation), so that the real work of
-  many workers on a few cores fits inside the time the model gives it.
+  many workers on a few cores fits inside the time the model gives it;
+- `op_overhead`: seconds added to every charged operation, a GPU kernel's launch cost
+  (a few us; 0 in the named profiles, whose lessons do not turn on it). It is what makes
+  many small operations (a compression hook's) cost time on a fast device.
 
 Figures are per direction, float32 peaks (ddnb trains in float32). Sources per profile.
 Taught in `notebooks/05_allreduce.ipynb` (links) and `notebooks/09_pipeline_parallelism.ipynb`
@@ -51,6 +54,7 @@ class Profile:
     ranks_per_host: int = 1
     slowdown: float = 100.0    # real seconds per emulated second
     source: str = ""
+    op_overhead: float = 0.0   # seconds per charged operation (kernel launch)
 
     def __post_init__(self):
         check_profile(self)
@@ -64,8 +68,8 @@ class Profile:
 
     def compute_time(self, flops: float, nbytes: float = 0.0) -> float:
         """Emulated seconds of one operation: the roofline max(FLOPs / (peak x MFU),
-        bytes / memory bandwidth)."""
-        return max(flops / (self.peak_flops * self.efficiency), nbytes / self.memory_bandwidth)
+        bytes / memory bandwidth), plus `op_overhead`."""
+        return max(flops / (self.peak_flops * self.efficiency), nbytes / self.memory_bandwidth) + self.op_overhead
 
     def with_(self, **changes) -> "Profile":
         """A copy with some fields changed (checked again): with_(slowdown=500)."""
@@ -90,7 +94,9 @@ class Profile:
         hosts = (f"{self.ranks_per_host} ranks per host: intra {link(self.intra)}; inter {link(self.inter)}"
                  if self.ranks_per_host > 1 else f"one rank per host, {link(self.inter)}")
         return (f"emulated '{self.name}': {self.peak_flops / 1e12:g} TFLOP/s x {self.efficiency:g} MFU, "
-                f"{self.memory_bandwidth / 1e9:g} GB/s memory; {hosts}; slowdown {self.slowdown:g}x")
+                f"{self.memory_bandwidth / 1e9:g} GB/s memory"
+                + (f", {self.op_overhead * 1e6:g} us per operation" if self.op_overhead else "")
+                + f"; {hosts}; slowdown {self.slowdown:g}x")
 
 
 def check_profile(p: Profile) -> None:
@@ -107,6 +113,7 @@ def check_profile(p: Profile) -> None:
                 check.number(f"{side}.bandwidth", link.bandwidth, positive=True, why=" (bytes/s)")
         check.integer("ranks_per_host", p.ranks_per_host, min=1)
         check.number("slowdown", p.slowdown, positive=True, why=" (real seconds per emulated second)")
+        check.number("op_overhead", p.op_overhead, min=0, why=" (seconds per operation)")
 
 
 def custom(alpha: float, bandwidth: float, peak_flops: float = 10e12, efficiency: float = 0.5,
