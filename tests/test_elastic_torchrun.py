@@ -35,7 +35,8 @@ def _agent(port: int, ckpt: str, name: str) -> subprocess.Popen:
     out = open(os.path.join(ckpt, f"agent-{name}.out"), "w")
     return subprocess.Popen([sys.executable, "-m", "ddnb.launch", "elastic", "--nnodes", "1:4",
                              "--rdzv-endpoint", f"localhost:{port}",
-                             "--store-host", "yes" if name == "a" else "no",         # a hosts the store "--max-restarts", "5", "--ckpt-dir", ckpt,
+                             "--store-host", "yes" if name == "a" else "no",         # a hosts the store
+                             "--max-restarts", "5", "--ckpt-dir", ckpt,
                              "--per-rank", "8", "--every", str(EVERY), "--step-delay", "0.1", "--timeout", "20"],
                             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
 
