@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from ddnb.elastic.horovod_train import discovery_script
+from ddnb.elastic.horovod_train import discovery_script, horovodrun_command
 from ddnb.elastic.torchrun_train import epoch_order, replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,10 +52,8 @@ def test_remove_and_add_slots_training_continues(tmp_path):
     script = discovery_script(str(tmp_path / "discover.sh"), slots)
     out = str(tmp_path / "horovodrun.out")
     env = dict(os.environ, PYTHONPATH=ROOT, DDNB_THREADS="1")
-    cmd = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "3",
-           "--host-discovery-script", script, "--network-interface", "lo", "--gloo",
-           sys.executable, "-m", "ddnb.elastic.horovod_train", "--log-dir", log_dir, "--every", "5",
-           "--step-delay", "0.1"]
+    cmd = horovodrun_command(2, 1, 3, script, log_dir, every=5, step_delay=0.1,
+                             horovodrun=HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun")
     proc = subprocess.Popen(cmd, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=log_dir,
                             start_new_session=True)
     t0 = time.monotonic()
@@ -110,3 +108,19 @@ def test_remove_and_add_slots_training_continues(tmp_path):
     ref = [v for v in replay(history).state_dict().values()]
     for got, want in zip(final["params"], ref):
         assert torch.allclose(torch.tensor(got), want, atol=1e-5)
+
+
+def test_min_above_max_is_a_clear_error_never_a_hang(tmp_path):
+    script = discovery_script(str(tmp_path / "discover.sh"), str(tmp_path / "slots"))
+    with pytest.raises(ValueError) as e:
+        horovodrun_command(2, 3, 1, script, str(tmp_path), every=0)
+    assert "min_np=3 > max_np=1" in str(e.value) and "every=0" in str(e.value)
+    with pytest.raises(ValueError, match=r"np=5 is not in \[min_np=1, max_np=3\]"):
+        horovodrun_command(5, 1, 3, script, str(tmp_path))
+    # and horovodrun itself, given min > max, exits with an error (here within 60 s), no hang
+    with open(tmp_path / "slots", "w") as f:
+        f.write("2\n")
+    cmd = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun", "-np", "2", "--min-np", "3", "--max-np", "1",
+           "--host-discovery-script", script, "--network-interface", "lo", "--gloo", sys.executable, "-c", "pass"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "Requested more processes (3) than there are available slots (1)" in r.stderr

@@ -46,6 +46,27 @@ def discovery_script(path: str, slots_file: str, host: str = "localhost") -> str
     return path
 
 
+def horovodrun_command(np: int, min_np: int, max_np: int, discovery: str, log_dir: str, per_rank: int = 8,
+                       every: int = 5, step_delay: float = 0.0, horovodrun: str = "horovodrun") -> list:
+    """The horovodrun command line (a list) for this script; one ValueError naming every
+    bad count first (rule: 1 <= min_np <= np <= max_np). `--network-interface lo`: on one
+    host, horovodrun's elastic mode otherwise waits for a second host to agree on network
+    interfaces with (seen here: it waited silently until killed)."""
+    from ddnb._checks import Checks
+
+    with Checks("horovodrun_command") as check:
+        if check.integer("min_np", min_np, min=1) & check.integer("max_np", max_np, min=1):
+            check.rule(min_np <= max_np, f"min_np={min_np} > max_np={max_np} (rule: 1 <= min_np <= np <= max_np)")
+            if check.integer("np", np, min=1):
+                check.rule(min_np <= np <= max_np, f"np={np} is not in [min_np={min_np}, max_np={max_np}]")
+        check.positive_ints(per_rank=per_rank, every=every)
+        check.rule(os.access(discovery, os.X_OK), f"discovery={discovery!r}: not an executable file")
+    return [horovodrun, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+            "--host-discovery-script", discovery, "--network-interface", "lo", "--gloo",
+            sys.executable, "-m", "ddnb.elastic.horovod_train", "--log-dir", log_dir, "--per-rank", str(per_rank),
+            "--every", str(every), "--step-delay", str(step_delay)]
+
+
 def main(argv=None) -> int:
     import horovod.torch as hvd
     import torch
