@@ -3,8 +3,11 @@
 slot (2 -> 1: Horovod stops a worker) and add two (1 -> 3: it starts new ones). Training
 goes on from the last commit (state committed, then synced to the new workers), every
 example of the epoch is used once over the committed steps, and the model equals one
-process replaying them. Not exercised: the restore after a failed worker (Horovod would
-blacklist localhost, the only host, and end the job)."""
+process replaying them. Not exercised: the restore after a failed worker. Tried: SIGKILL of
+rank 1 at step 13 (with --blacklist-cooldown-range 1 2); Horovod 0.28.1 blacklists the
+failed worker's host, here the only one, logs "blacklisted slots count == 2 -> stop
+running" and ends the job ("one or more processes exited with non-zero status ... Exit
+code: 137"); it needs a second host."""
 import glob
 import json
 import os

@@ -16,7 +16,9 @@ The state (`TorchState`: model, optimizer, and the sampler's position `consumed`
 `step`, `history`) is copied in memory at every `state.commit()` (every `every` steps):
 - a worker fails (HorovodInternalError in a collective): every survivor restores the last
   commit, so the steps after it are lost and done again, as a torchrun restart does from
-  its checkpoint (`torchrun_train.py`);
+  its checkpoint (`torchrun_train.py`); the failed worker's host is blacklisted, so on
+  one host Horovod 0.28.1 ends the job instead ("blacklisted slots count == 2 -> stop
+  running", seen here): this path needs a second host;
 - the hosts change (HostsUpdatedInterrupt, raised at the next commit, which has already
   saved the state): nothing is lost;
 and then rank 0's state is broadcast to every worker (new ones included: `state.sync()`).
