@@ -4,8 +4,9 @@ horovodrun, with a host discovery script that adds and removes slots.
     horovodrun -np 2 --min-np 1 --max-np 3 --host-discovery-script ./discover.sh --gloo \\
         python -m ddnb.elastic.horovod_train --log-dir /tmp/hvd-run --per-rank 8 --every 5
 
-`discover.sh` prints the hosts that may be used now, one `host:slots` a line (here
-`localhost:N`, N read from a file that can be rewritten while it runs: `discovery_script`).
+`discover.sh` prints the hosts that may be used now, one `host:slots` a line (here the
+lines of a file that can be rewritten while it runs: `discovery_script`; on one machine,
+"localhost" and "127.0.0.1" are two hosts to Horovod, both local).
 horovodrun's elastic driver runs it every second; when the answer changes it starts
 workers on new slots or stops the ones on removed slots, and every worker's
 `hvd.elastic.run` loop re-initializes Horovod with the new ranks and size, keeping its
@@ -16,9 +17,9 @@ The state (`TorchState`: model, optimizer, and the sampler's position `consumed`
 `step`, `history`) is copied in memory at every `state.commit()` (every `every` steps):
 - a worker fails (HorovodInternalError in a collective): every survivor restores the last
   commit, so the steps after it are lost and done again, as a torchrun restart does from
-  its checkpoint (`torchrun_train.py`); the failed worker's host is blacklisted, so on
-  one host Horovod 0.28.1 ends the job instead ("blacklisted slots count == 2 -> stop
-  running", seen here): this path needs a second host;
+  its checkpoint (`torchrun_train.py`); the failed worker's host is blacklisted, so with
+  a single host Horovod 0.28.1 ends the job instead ("blacklisted slots count == 2 -> stop
+  running", seen here): this path needs a second host (127.0.0.1 beside localhost);
 - the hosts change (HostsUpdatedInterrupt, raised at the next commit, which has already
   saved the state): nothing is lost;
 and then rank 0's state is broadcast to every worker (new ones included: `state.sync()`).
@@ -39,11 +40,11 @@ import sys
 import time
 
 
-def discovery_script(path: str, slots_file: str, host: str = "localhost") -> str:
-    """Write an executable discovery script at `path` that prints `host:N`, N read from
-    `slots_file` at each call (rewrite that file to add or remove slots); returns path."""
+def discovery_script(path: str, hosts_file: str) -> str:
+    """Write an executable discovery script at `path` that prints `hosts_file` at each
+    call: its lines, `host:slots` each (rewrite it to add or remove slots); returns path."""
     with open(path, "w") as f:
-        f.write(f"#!/bin/sh\necho {host}:$(cat {slots_file})\n")
+        f.write(f"#!/bin/sh\ncat {hosts_file}\n")
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
 
@@ -110,9 +111,13 @@ def main(argv=None) -> int:
             opt.step()                                               # sum over ranks = global mean
             state.step += 1
             state.consumed = stop
-            state.history.append({"step": state.step, "epoch": 0, "start": start, "stop": stop, "world_size": n_ranks})
+            # a new list, not append: TorchState's commit keeps a reference to its attributes,
+            # not a copy, so an in-place append would survive a restore (seen in the test)
+            state.history = state.history + [{"step": state.step, "epoch": 0, "start": start, "stop": stop,
+                                              "world_size": n_ranks}]
             log.write(json.dumps({"step": state.step, "rank": rank, "world_size": n_ranks, "start": start,
-                                  "indices": idx.tolist(), "pid": os.getpid(), "time": time.time()}) + "\n")
+                                  "indices": idx.tolist(), "pid": os.getpid(), "time": time.time(),
+                                  "host": os.environ.get("HOROVOD_HOSTNAME")}) + "\n")
             log.flush()
             if state.step % a.every == 0:
                 state.commit()                                       # may raise HostsUpdatedInterrupt
