@@ -1,8 +1,11 @@
 """Elastic training with Horovod: `hvd.elastic.run` and `hvd.elastic.TorchState` under
 horovodrun, with a host discovery script that adds and removes slots.
 
-    horovodrun -np 2 --min-np 1 --max-np 3 --host-discovery-script ./discover.sh --gloo \\
+    horovodrun -np 2 --min-np 1 --max-np 3 --host-discovery-script ./discover.sh \\
+        --network-interface lo --gloo \\
         python -m ddnb.elastic.horovod_train --log-dir /tmp/hvd-run --per-rank 8 --every 5
+
+(`horovodrun_command` builds it, after checking 1 <= min_np <= np <= max_np).
 
 `discover.sh` prints the hosts that may be used now, one `host:slots` a line (here the
 lines of a file that can be rewritten while it runs: `discovery_script`; on one machine,
