@@ -6,6 +6,7 @@ themselves, on one machine or several:
         -m ddnb.launch dp --strategy bucketed              # and --node-rank 1 on host2
     horovodrun -np 2 -H localhost:2 --gloo python -m ddnb.launch dp --strategy horovod
     horovodrun -np 8 -H host1:4,host2:4 python -m ddnb.launch dp --strategy horovod
+    python -m ddnb.launch elastic --nnodes 1:4 --rdzv-endpoint host1:29400 --ckpt-dir /shared/run
 
 The same `ddnb.data_parallel.train.train_digits` the notebooks run on a `ddnb.Cluster`
 (notebooks 06 and 07), so a result seen in a notebook can be reproduced at scale. The
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("--bucket-mb", type=float, default=0.01)
     dp.add_argument("--timeout", type=float, default=120, help="seconds any collective may wait")
     dp.add_argument("--compare", action="store_true", help="rank 0 also trains the single-process reference")
+    from ddnb.elastic.torchrun_train import add_arguments
+
+    add_arguments(sub.add_parser("elastic", help="elastic training under torchrun: nodes leave and join "
+                                                 "(ddnb/elastic/torchrun_train.py)"))
     return ap
 
 
@@ -125,6 +130,10 @@ def main(argv=None) -> int:
     from ddnb.data_parallel.train import check_args, reference_digits, train_digits
 
     args = _parser().parse_args(argv)
+    if args.chapter == "elastic":
+        from ddnb.elastic.torchrun_train import launch
+
+        return launch(args)
     try:
         check_args(args.strategy, args.steps, args.per_rank, args.lr, args.hidden, args.layers)
     except ValueError as e:

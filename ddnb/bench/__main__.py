@@ -312,7 +312,7 @@ def _add_compress_parser(sub) -> None:
     p.add_argument("--workers", default=4, help="gloo processes (default 4)",
                    type=_at_least(2, why=" workers (compression over one rank sends nothing)"))
     p.add_argument("--methods", type=_methods, default=list(compress.DEFAULT_METHODS),
-                   help=f"comma list of none, fp16, bf16, powersgd:R, topk, sign (default: "
+                   help=f"comma list of none, fp16, bf16, powersgd:R, topk, sign, horovod:none, horovod:fp16 (default: "
                         f"{','.join(compress.DEFAULT_METHODS)})")
     p.add_argument("--steps", type=_at_least(1), default=150, help="training steps per method (default 150)")
     p.add_argument("--per-rank", type=_at_least(1), default=32, help="samples per rank per step (default 32)")

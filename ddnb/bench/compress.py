@@ -13,6 +13,9 @@ steps for each, every bucket going through a ddnb.compression hook:
                  plain all-reduce for the first `--start` steps
     topk         the top 1% (`--ratio`) of each bucket, with error feedback, all-gathered
     sign         EF-SignSGD: 1 bit per element + a scale per tensor, all-gathered
+    horovod:fp16 Horovod's Compression.fp16 (and horovod:none), hvd.DistributedOptimizer in a
+                 Horovod world of its own; skipped with a message without Horovod
+                 (`ddnb/bench/compress_horovod.py`)
 
 A row: method, bytes_per_step (bytes one rank hands to the collectives in a compressed
 step, from the trace), formula_bytes (`ddnb.compression.method_bytes`) and whether they
@@ -23,16 +26,20 @@ one's, in points). Taught in `notebooks/14_precision_compression_elastic.ipynb`.
 """
 from __future__ import annotations
 
-DEFAULT_METHODS = ("none", "fp16", "bf16", "powersgd:1", "powersgd:4", "topk", "sign")
+DEFAULT_METHODS = ("none", "fp16", "bf16", "powersgd:1", "powersgd:4", "topk", "sign", "horovod:fp16")
 
 
 def parse_method(text: str) -> tuple[str, dict]:
     """"powersgd:4" -> ("powersgd", {"rank": 4}); "topk" -> ("topk", {})."""
+    from ddnb.bench.compress_horovod import HOROVOD_METHODS
     from ddnb.compression import METHODS
 
+    if text in HOROVOD_METHODS:                          # "horovod:fp16" -> ("fp16", {}): fp16's formula
+        return HOROVOD_METHODS[text], {}
     name, _, arg = text.partition(":")
     if name not in METHODS or (arg and name != "powersgd") or (arg and not arg.isdigit()):
-        raise ValueError(f"method {text!r}: need one of {', '.join(METHODS)}, or powersgd:R with R a rank >= 1")
+        raise ValueError(f"method {text!r}: need one of {', '.join(METHODS)}, or powersgd:R with R a rank >= 1, "
+                         f"or {' or '.join(HOROVOD_METHODS)}")
     return name, ({"rank": int(arg)} if arg else {})
 
 
@@ -92,15 +99,22 @@ def compress_benchmark(workers: int = 4, methods=DEFAULT_METHODS, steps: int = 1
                 parse_method(m)
             except ValueError as e:
                 check.rule(False, str(e))
-    with World(workers, timeout=timeout) as world:
-        results = world.run(rank_compress, list(methods), steps, per_rank, lr, start, ratio, seed)[0]
-    return compress_rows(results, workers, ratio)
+    from ddnb.bench.compress_horovod import horovod_results, is_horovod
+
+    results = []
+    plain = [m for m in methods if not is_horovod(m)]
+    if plain:
+        with World(workers, timeout=timeout) as world:
+            results = world.run(rank_compress, plain, steps, per_rank, lr, start, ratio, seed)[0]
+    results += horovod_results(workers, [m for m in methods if is_horovod(m)], steps, per_rank, lr, seed, timeout)
+    order = list(methods)
+    return compress_rows(sorted(results, key=lambda r: order.index(r[0])), workers, ratio)
 
 
 def compress_table(rows: list[dict]) -> str:
-    lines = [f"{'method':<11} {'bytes/step':>11} {'formula':>8} {'ratio':>7} {'step time':>10} {'accuracy':>9}"]
+    lines = [f"{'method':<12} {'bytes/step':>11} {'formula':>8} {'ratio':>7} {'step time':>10} {'accuracy':>9}"]
     for r in rows:
         ratio = "" if r["compression_ratio"] is None else f"{r['compression_ratio']:.1f}x"
-        lines.append(f"{r['method']:<11} {r['bytes_per_step']:>11,} {'=' if r['bytes_match_formula'] else '!=':>8} "
+        lines.append(f"{r['method']:<12} {r['bytes_per_step']:>11,} {'=' if r['bytes_match_formula'] else '!=':>8} "
                      f"{ratio:>7} {r['step_time'] * 1e3:>7.2f} ms {r['final_accuracy']:>9.2%}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ module, the plain all-reduce first (Vogels et al. 2019 and the papers each modul
     comm.py         Bucket, allreduce, allgather           what the hooks share; every message traced
     accumulation.py accumulate                             k micro-batches, one all-reduce (no_sync)
     precision.py    bf16 autocast, bf16 weights + fp32 master weights, memory per rank
+    loss_scaling.py DynamicLossScaler, train_fp16            fp16 + fp32 master weights, skip on overflow
 
 Every hook has DDP's signature, `hook(state, bucket) -> Future`, and runs on torch's
 DistributedDataParallel and on ddnb's BucketedDataParallel alike:
