@@ -8,5 +8,5 @@
 - `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
   Horovod) (`notebooks/06_data_parallelism.ipynb`);
 - `ddnb.bench.compress`: bytes per step, step time and final accuracy per gradient
-  compression method (`notebooks/14_precision_compression_elastic.ipynb`).
+  compression method (`notebooks/14_precision_compression.ipynb`).
 """

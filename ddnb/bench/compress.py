@@ -22,7 +22,7 @@ step, from the trace), formula_bytes (`ddnb.compression.method_bytes`) and wheth
 are equal, compression_ratio (none's bytes_per_step / this one's), total_bytes (all
 steps, warm-up included), step_time (median seconds a step, the slowest rank's),
 final_accuracy (test accuracy after the last step) and accuracy_drop (none's minus this
-one's, in points). Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+one's, in points). Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

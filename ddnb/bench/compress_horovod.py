@@ -16,7 +16,7 @@ to the collectives"), checked against `method_bytes`. Not measured: what Gloo th
 on the wire; Horovod fuses the tensors into one buffer (Tensor Fusion) and ring-all-reduces
 it, 2(N-1)/N times the bytes handed per rank (`ddnb.cost.alpha_beta`).
 Horovod is optional: without `horovod.torch` these rows are skipped with a message.
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

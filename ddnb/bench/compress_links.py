@@ -15,7 +15,7 @@ Compression pays below the bandwidth where the two meet (Agarwal et al., "On the
 of gradient compression in distributed training systems", MLSys 2022, measured the same
 trade on real clusters: on fast links most methods did not pay). The times come out of the
 runs: real hooks, real messages paced to the profile, never this formula.
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ DistributedDataParallel and on ddnb's BucketedDataParallel alike:
 
 Bytes per step are measured from the trace (`comm.bytes_per_step`) and equal each method's
 formula (`method_bytes`). Measured end to end by `python -m ddnb.bench compress`
-(`ddnb/bench/compress.py`); taught in `notebooks/14_precision_compression_elastic.ipynb`.
+(`ddnb/bench/compress.py`); taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

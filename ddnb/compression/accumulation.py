@@ -11,7 +11,7 @@ k-times larger batch. Only the last one needs to be averaged over the ranks: the
 k-1 run inside `model.no_sync()` (torch DDP, ddnb's BucketedDataParallel) and send
 nothing. So a step on k·B samples per rank costs one all-reduce per bucket instead of k:
 communication per sample falls k-fold, and activations are held for one micro-batch of B
-at a time, which is the point when k·B samples do not fit. Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+at a time, which is the point when k·B samples do not fit. Taught in `notebooks/14_precision_compression.ipynb`.
 
     loss = accumulate(ddp, loss_fn, [(x0, y0), (x1, y1), (x2, y2), (x3, y3)])
     optimizer.step()

@@ -16,7 +16,7 @@ Every message a hook sends goes through `allreduce` or `allgather` here, which r
 per step of a method are the sum of those events (`bytes_per_step`), which the tests
 compare with each method's formula, exactly. (On the wire a ring all-reduce of S bytes
 sends 2(N-1)/N·S per rank, a ring all-gather (N-1)·S: `wire_bytes`.)
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

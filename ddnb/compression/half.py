@@ -13,7 +13,7 @@ rounding error of one cast is ~2^-11 relative (fp16, 10-bit mantissa, but a rang
 6e-5..65504: small gradients underflow, which is why fp16 *training* needs loss scaling,
 Micikevicius et al. 2018) or ~2^-8 (bf16, 7-bit mantissa, fp32's range; Kalamkar et al.
 2019). Horovod's `Compression.fp16` is the same cast around its all-reduce.
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

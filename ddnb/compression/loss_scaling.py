@@ -24,7 +24,7 @@ none of this (`precision.py`).
 are unscaled into the fp32 masters) or any torch optimizer over fp32 parameters; on the
 latter it behaves as torch.amp.GradScaler("cpu") does (same scales, same skipped steps,
 same parameters: tests/test_loss_scaling.py). Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

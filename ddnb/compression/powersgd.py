@@ -36,7 +36,7 @@ One difference, asked for by ddnb's issue: a rank r ≥ the smaller side of a ma
 torch silently clips it, and sends more than the matrix) is refused, on every rank.
 
 Bytes per step (compressed steps), per bucket: 4·(Σ_uncompressed numel + Σ_compressed
-(n + m)·r) (`powersgd_bytes`). Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+(n + m)·r) (`powersgd_bytes`). Taught in `notebooks/14_precision_compression.ipynb`.
 
     state = PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=10)
     ddp.register_comm_hook(state, powersgd_hook)

@@ -24,7 +24,7 @@ activations; "bf16" saves half of fp32's. In states, "bf16" holds exactly 2Ψ, 2
 plus Adam's step counter, one 4-byte scalar per tensor. Why keep the fp32 copy: an update
 lr·g smaller than half a bf16 step of the weight (2^-8 relative) rounds away entirely, so
 pure bf16 weights stop learning; the fp32 master adds it up (`tests/test_precision.py`).
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 
     model = mlp(...).to(torch.bfloat16)
     opt = MasterWeights(model.parameters(), torch.optim.Adam, lr=1e-3)

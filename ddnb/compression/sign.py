@@ -19,7 +19,7 @@ packed 8 to a byte (`pack_signs`), so a bucket of D elements in T tensors hands
 ceil(D/8) + 4T bytes to the collectives (`sign_bytes`): ~32× less than fp32. Like top-k
 it all-gathers rather than all-reduces: the packed bytes of two ranks cannot be added
 (adding the bytes would carry between the bits), and unpacked, summed signs would need
-log2(N)+1 bits each. Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+log2(N)+1 bits each. Taught in `notebooks/14_precision_compression.ipynb`.
 
     state = SignState()
     ddp.register_comm_hook(state, sign_hook)

@@ -22,7 +22,7 @@ bucket and step: 4k (indices) + 4k (values) = 8k (`topk_bytes`); the dense all-r
 hands 4·numel, so the ratio is numel / (2k): 50× at k = 1%.
 
 With k = numel nothing is dropped (e = 0) and the result equals the uncompressed mean
-(tested bit for bit on 2 ranks). Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+(tested bit for bit on 2 ranks). Taught in `notebooks/14_precision_compression.ipynb`.
 
     state = TopKState(ratio=0.01)            # or k=100 per bucket
     ddp.register_comm_hook(state, topk_hook)

@@ -9,7 +9,7 @@ notebook compare.
 Every rank builds the same MLP from `seed`; step t's global batch is `batch_indices(...,
 N·per_rank·accumulate, t, seed)` of the digits, rank r taking its contiguous slice, split
 into `accumulate` micro-batches of `per_rank`. SGD with momentum. Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

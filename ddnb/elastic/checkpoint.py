@@ -31,7 +31,7 @@ replicated model on 2 (the same names: `fully_shard` keeps the module's FQNs).
 
 The format is DCP's (PyTorch's "Distributed Checkpoint" documentation; torchtitan's
 checkpoints use it too). Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/15_elastic_training.ipynb`.
 """
 from __future__ import annotations
 

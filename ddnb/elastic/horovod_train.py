@@ -31,7 +31,7 @@ split in contiguous parts (`torchrun_train.rank_part`); gradients are summed ove
 (op=hvd.Sum) of losses divided by the global batch size, so each step is one SGD step on
 the global batch whatever N is. Each worker appends a JSON line per step to
 `<log-dir>/hvd-<pid>.jsonl`; rank 0 writes the committed history to `<log-dir>/final.json`
-at the end. Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+at the end. Taught in `notebooks/15_elastic_training.ipynb`.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ values travel through the checkpoint: a rank that did not exist before the resiz
 its state from the files, as it would on a new machine. This is the restart-based
 elasticity of torchelastic (`torchrun --nnodes MIN:MAX`): stop every worker, re-form
 the world, restore from a checkpoint; here the checkpoint is resharded (DCP), so the
-new world may have any size. Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+new world may have any size. Taught in `notebooks/15_elastic_training.ipynb`.
 
     cluster.run(start, functools.partial(digits_parts, seed=0), "state")  # on 4 ranks
     cluster.run(train_steps, "state", 5)

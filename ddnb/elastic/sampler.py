@@ -29,7 +29,7 @@ Every rank keeps a record of the indices it read (`record`). `state_dict()` gath
 records of all ranks (a collective when torch.distributed is initialized), so that the
 state saved in a checkpoint holds the history of the whole epoch and a resized world
 carries it on; `exactly_once` checks a record. Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/15_elastic_training.ipynb`.
 
     sampler = ElasticSampler(len(train), seed=0)       # the same on every rank
     idx = sampler.next_batch(rank, world_size, 16)     # this rank's 16 indices of the step

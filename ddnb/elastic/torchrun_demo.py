@@ -12,7 +12,7 @@ worker sees the broken connection, a restarts it in a new round of 1 rank, from 
 checkpoint); after `add_after` steps at 1 rank, agent c starts (a node added: a sees it
 waiting, stops its worker, and a round of 2 starts, again from the checkpoint). Every wait
 has a deadline; every process is killed at the end, whatever happened. Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/15_elastic_training.ipynb`.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ line per step to `<ckpt-dir>/log/<gen>-<rank>.jsonl` (gen: a token rank 0 draws 
 start); `replay(history)` trains one process on the committed global batches, which the
 elastic run must equal. The checkpoint directory must be visible to every node (a shared
 file system); here all nodes are local. Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/15_elastic_training.ipynb`.
 """
 from __future__ import annotations
 

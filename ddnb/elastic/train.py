@@ -12,7 +12,7 @@ the mean loss over that global batch:
 so an uneven tail (ranks with one sample less, or none) still gives the global mean,
 and `reference_steps`, one process reading the same global batches, follows the same
 path up to float rounding (the order of the sums differs). Taught in
-`notebooks/14_precision_compression_elastic.ipynb`.
+`notebooks/15_elastic_training.ipynb`.
 
     cluster.run(start, functools.partial(digits_parts, seed=0), "state")
     cluster.run(train_steps, "state", steps=5, per_rank=32)

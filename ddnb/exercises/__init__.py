@@ -8,7 +8,7 @@ LLM-Training-Puzzles' checkers, on a real process group).
 
 `core` holds the shared runner (deadline, errors) and comparison; each chapter's checkers
 live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter module>`.
-Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression_elastic.ipynb`,
+Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression.ipynb`,
 three or more per notebook.
 """
 from ddnb.exercises.collectives import check_allreduce

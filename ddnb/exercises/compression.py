@@ -1,7 +1,7 @@
 """Checkers for the compression chapter (14): implement top-k with error feedback, predict
 PowerSGD's bytes for a layer, predict gradient accumulation's all-reduce count. Each runs
 on real processes and compares with ddnb.compression's measurement.
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ that gives rank r of M its share of the samples not yet read, after `consumed` s
 the epoch were read by an earlier world of any size (`ddnb.elastic.sampler`); it runs on
 real processes, and a wrong share is named with what it usually means (a padded or
 dropped tail, already read samples read again, blocks instead of a stride).
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/15_elastic_training.ipynb`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Final accuracy against bytes sent per step, one point per compression method (log x):
 what each method buys and what it costs. Takes the rows of
 `ddnb.bench.compress.compress_rows` (dicts with method, bytes_per_step, final_accuracy).
-Taught in `notebooks/14_precision_compression_elastic.ipynb`.
+Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
 

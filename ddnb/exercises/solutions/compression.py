@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.compression` (`notebooks/14_precision_compression_elastic.ipynb`)."""
+"""Solutions of `ddnb.exercises.compression` (`notebooks/14_precision_compression.ipynb`)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.elastic` (`notebooks/14_precision_compression_elastic.ipynb`)."""
+"""Solutions of `ddnb.exercises.elastic` (`notebooks/15_elastic_training.ipynb`)."""
 from __future__ import annotations
 
 
