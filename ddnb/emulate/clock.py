@@ -207,6 +207,10 @@ def _warm_up(rank: int, world_size: int) -> None:
     if world_size > 1:
         x, y = torch.zeros(1), torch.zeros(1)
         p2p.exchange(x, (rank + 1) % world_size, y, (rank - 1) % world_size, tracer=Tracer(enabled=False))
+    layer = torch.nn.Linear(2, 2)          # a training step's first use of autograd, a loss and an optimizer
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)   # (lazy imports: torch.optim loads torch._dynamo)
+    torch.nn.functional.mse_loss(layer(torch.zeros(1, 2)), torch.zeros(1, 2)).backward()
+    optimizer.step()
     messages.barrier()
 
 

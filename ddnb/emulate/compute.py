@@ -80,13 +80,6 @@ class PacedCompute(TorchDispatchMode):
         super().__init__()
         self.emulator = emulator
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch (2.5+) wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which imports
-        # torch._dynamo at the first operation: 0.9 s of CPU per process, 12 s for 16 workers
-        # starting on 2 cores. This mode is never compiled, so it needs no wrapper.
-        return False
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
