@@ -71,3 +71,31 @@ def test_the_link_sweep_times_each_method_on_each_emulated_link():
     assert pays_below(rows) == {"topk": 1e7}
     with pytest.raises(ValueError, match="need 'none'"):
         link_sweep(["topk"], [1e9])
+
+
+class _WorldCluster:
+    """What the widget needs of a Cluster (run), on a ddnb.testing World."""
+
+    def __init__(self, world):
+        self.world, self.n = world, world.n
+
+    def run(self, fn, *args):
+        return self.world.run(fn, *args)
+
+
+def test_the_compression_widget_trains_times_and_names_bad_settings(world):
+    """Each setting trains on the cluster (bytes per step = the method's formula) and is
+    timed beside the plain all-reduce on its emulated link; a bad one is shown, not raised."""
+    from ddnb.compression import method_bytes
+    from ddnb.compression.train import HIDDEN
+    from ddnb.models import mlp
+    from ddnb.viz.compression import CompressionExplorer
+
+    explorer = CompressionExplorer(_WorldCluster(world(2)), steps=6)
+    explorer.link.value = "0.1 GB/s"          # each change re-runs: powersgd:4 on 0.1 GB/s
+    point = explorer.points[-1]
+    shapes = [tuple(p.shape) for p in mlp((64,) + HIDDEN + (10,)).parameters()]
+    assert point["method"] == "powersgd:4" and point["bytes_per_step"] == method_bytes("powersgd", [shapes], rank=4)
+    assert point["speedup"] > 1 and "emulated" in explorer.status.value and explorer.image.value[:4] == b"\x89PNG"
+    explorer.setting = lambda: (_ for _ in ()).throw(ValueError("CompressionExplorer: rank=0: need >= 1"))
+    assert explorer.run() is None and explorer.status.value.startswith("ValueError: CompressionExplorer")

@@ -1,7 +1,7 @@
 """A real browser runs notebook 00 (issue 8): JupyterLab on a free local port, Debian's
 chromium driven headless by Playwright. It runs every cell but the last, moves the
 worker-count slider (ddnb.viz.WorkerCountExplorer) from 4 to 3 workers while the cluster
-is up, checks that the widget measured again and redrew, runs the last cell (which stops
+is up (after answering exercise 3 wrongly, reading the checker's hint, and answering it right), checks that the widget measured again and redrew, runs the last cell (which stops
 the cluster), and checks that no cell shows an error and that no process is left.
 
     .venv/bin/python -m pytest tests/test_browser.py -v -s
@@ -207,6 +207,7 @@ def _texts(selector: str) -> str:
     return f"() => [...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)"
 
 
+WRONG_ANSWER = "def total_over_ranks(value):\n    return float(value)   # no communication"
 PROMPTS = _texts(".jp-Notebook .jp-CodeCell .jp-InputArea-prompt")   # "[7]:", "[*]:" or "[ ]:"
 STDERR_TEXTS = _texts(f'.jp-Notebook [data-mime-type="{STDERR}"]')
 
@@ -257,6 +258,22 @@ def test_notebook_00_runs_in_a_browser_and_the_slider_remeasures(lab):
             # lab.tree() on every poll: the engines that the sweep's resizes stop are counted too
             _wait(lambda: _ran(page, n_code - 1), 240, f"the first {n_code - 1} code cells to run", every=lab.tree)
             print(f"cells 1..{n_code - 1} ran after {time.monotonic() - started:.0f} s")
+
+            # an exercise as a learner does it: a wrong answer, the checker's hint, then a right one
+            answer, checker = (page.locator(".jp-Notebook .jp-CodeCell", has=page.locator(".cm-content", has_text=t))
+                               for t in ("def total_over_ranks", "check_sum_over_ranks(total_over_ranks"))
+            right = answer.locator(".cm-content").inner_text()
+            for code, expect in ((WRONG_ANSWER, "returned its own value: the values must travel"),
+                                 (right, "✓ check_sum_over_ranks")):
+                answer.locator(".cm-content").click()
+                page.keyboard.press("Control+A")
+                page.keyboard.insert_text(code)          # no key events: no auto-indent
+                page.keyboard.press("Control+Enter")     # run the cell, stay on it
+                checker.locator(".jp-InputPrompt").click()
+                page.keyboard.press("Control+Enter")
+                _wait(lambda: expect in checker.locator(".jp-OutputArea").inner_text(), 90,
+                      f"the checker to say {expect!r}", every=lab.tree)
+            print("exercise 3: a wrong answer got its hint, the right one passed")
 
             # the slider: 4 workers -> 3, with the cluster up
             explorer = page.locator(".jp-Notebook .widget-vbox", has=page.locator(".widget-hslider")).first
