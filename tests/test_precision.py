@@ -47,3 +47,24 @@ def test_master_weights_keep_updates_that_bf16_rounds_away():
 def test_bad_mode_named():
     with pytest.raises(ValueError, match=r"mode='fp8' is not one of \('fp32', 'autocast', 'bf16'\); steps=0"):
         train_precision("fp8", steps=0)
+
+
+def _gpt_modes():
+    return {m: train_precision(m, steps=80, per_rank=16, lr=3e-3, model="gpt") for m in ("fp32", "autocast", "bf16")}
+
+
+def test_the_small_gpt_in_bf16_learns_as_fp32_does(world):
+    """The same comparison on chapter 08's GPT (sequence reversal): bf16 gradients on the
+    wire, 2 + 2 + 12 bytes per parameter with master weights, and a final loss and
+    next-token accuracy close to fp32's."""
+    got = world(2).run(_gpt_modes)[0]
+    psi, tensors = got["fp32"]["params"], got["fp32"]["tensors"]
+    mem = got["bf16"]["memory"]
+    assert (mem["parameters"], mem["gradients"], mem["optimizer"]) == (2 * psi, 2 * psi, 12 * psi + 4 * tensors)
+    for mode, per_element in (("fp32", 4), ("autocast", 2), ("bf16", 2)):
+        assert set(got[mode]["bytes_per_step"].values()) == {per_element * psi}
+    for mode in ("fp32", "autocast", "bf16"):
+        assert got[mode]["losses"][-1] < 0.5 * got[mode]["losses"][0]          # each one learns
+    for mode in ("autocast", "bf16"):
+        assert abs(got[mode]["losses"][-1] - got["fp32"]["losses"][-1]) < 0.15, (mode, got[mode]["losses"][-1])
+        assert abs(got[mode]["accuracy"] - got["fp32"]["accuracy"]) <= 0.05

@@ -86,12 +86,15 @@ def memory_per_rank(model, optimizer, activations: int) -> dict:
 
 
 def train_precision(mode: str = "fp32", steps: int = 60, per_rank: int = 32, hidden=(256, 256), lr: float = 1e-3,
-                    seed: int = 0) -> dict:
-    """Train the digits MLP with Adam in `mode` (MODES) with DDP on every rank of an
-    initialized world (same seed, data and steps for every mode); returns {"losses",
-    "accuracy", "memory": memory_per_rank after the last step (activations: the peak
-    autograd held in a step), "params": the number Ψ of parameters, "tensors",
-    "grad_dtype", "bytes_per_step": bytes one rank hands to the gradient all-reduce}."""
+                    seed: int = 0, model: str = "mlp") -> dict:
+    """Train with Adam in `mode` (MODES) with DDP on every rank of an initialized world
+    (same seed, data and steps for every mode) the digits MLP (model="mlp", `hidden`) or
+    the small GPT of chapter 08 on its sequence-reversal task (model="gpt", `GPTConfig()`);
+    returns {"losses", "accuracy" (test accuracy; the GPT's: next-token accuracy on a
+    batch it never trained on), "memory": memory_per_rank after the last step
+    (activations: the peak autograd held in a step), "params": the number Ψ of
+    parameters, "tensors", "grad_dtype", "bytes_per_step": bytes one rank hands to the
+    gradient all-reduce}."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -101,18 +104,34 @@ def train_precision(mode: str = "fp32", steps: int = 60, per_rank: int = 32, hid
     from ddnb.compression.half import HookState, allreduce_hook
     from ddnb.data import batch_indices, digits
     from ddnb.memory import SavedActivations
-    from ddnb.models import accuracy, mlp
+    from ddnb.models import IGNORE, GPTConfig, accuracy, gpt, lm_loss, mlp, synthetic_task
     from ddnb.trace import Tracer
 
     with Checks("train_precision") as check:
         check.choice("mode", mode, MODES)
+        check.choice("model", model, ("mlp", "gpt"))
         check.positive_ints(steps=steps, per_rank=per_rank)
         check.number("lr", lr, positive=True)
     rank, n = dist.get_rank(), dist.get_world_size()
-    train_set, test_set = digits(seed=0)
-    model = mlp((64,) + tuple(hidden) + (10,), seed=seed)
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
-    model = model.to(dtype)
+    kind, dtype = model, (torch.bfloat16 if mode == "bf16" else torch.float32)
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)           # this rank's part of a global batch
+    if kind == "mlp":
+        train_set, test_set = digits(seed=0)
+        net = mlp((64,) + tuple(hidden) + (10,), seed=seed)
+
+        def batch(t):
+            idx = batch_indices(len(train_set), n * per_rank, t, seed)[mine]
+            return train_set.x[idx].to(dtype), train_set.y[idx]                  # (B, 64), (B,)
+        loss_of = F.cross_entropy
+    else:
+        cfg = GPTConfig()
+        net, data = gpt(cfg, seed=seed), synthetic_task(cfg, n * per_rank, steps, seed)
+
+        def batch(t):
+            idx, targets = data[t]                                                # (N·B, T), (N·B, T)
+            return idx[mine], targets[mine]
+        loss_of = lm_loss
+    model = net.to(dtype)
     tracer = Tracer()
     ddp = DistributedDataParallel(model)
     # fp32 gradients go out as bf16 under autocast; bf16 gradients are bf16 already
@@ -122,18 +141,24 @@ def train_precision(mode: str = "fp32", steps: int = 60, per_rank: int = 32, hid
     acts = SavedActivations(ignore=list(model.parameters()))
     losses = []
     for t in range(steps):
-        idx = batch_indices(len(train_set), n * per_rank, t, seed)[rank * per_rank:(rank + 1) * per_rank]
-        x, y = train_set.x[idx].to(dtype), train_set.y[idx]               # (B, 64), (B,)
+        x, y = batch(t)
         opt.zero_grad()
         acts.reset_peak()
         with acts, torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
-            loss = F.cross_entropy(ddp(x).float(), y)                     # the loss in fp32
+            loss = loss_of(ddp(x).float(), y)                             # the loss in fp32
         loss.backward()
         opt.step()
         losses.append(loss.item())
     grad_dtype = next(model.parameters()).grad.dtype
     memory = memory_per_rank(model, opt, acts.peak)
     model.float().eval()
-    return {"losses": losses, "accuracy": accuracy(model, test_set), "memory": memory,
+    if kind == "gpt":
+        idx, targets = synthetic_task(cfg, 256, 1, seed + 1)[0]                 # a batch never trained on
+        with torch.no_grad():
+            hit = (model(idx).argmax(-1) == targets)[targets != IGNORE]
+        test_accuracy = hit.float().mean().item()
+    else:
+        test_accuracy = accuracy(model, test_set)
+    return {"losses": losses, "accuracy": test_accuracy, "memory": memory,
             "params": sum(p.numel() for p in model.parameters()), "tensors": len(list(model.parameters())),
             "grad_dtype": str(grad_dtype), "bytes_per_step": bytes_per_step(tracer.take())}
