@@ -50,7 +50,7 @@ def test_bad_mode_named():
 
 
 def _gpt_modes():
-    return {m: train_precision(m, steps=80, per_rank=16, lr=3e-3, model="gpt") for m in ("fp32", "autocast", "bf16")}
+    return {m: train_precision(m, steps=200, per_rank=16, lr=3e-3, model="gpt") for m in ("fp32", "autocast", "bf16")}
 
 
 def test_the_small_gpt_in_bf16_learns_as_fp32_does(world):
@@ -63,8 +63,5 @@ def test_the_small_gpt_in_bf16_learns_as_fp32_does(world):
     assert (mem["parameters"], mem["gradients"], mem["optimizer"]) == (2 * psi, 2 * psi, 12 * psi + 4 * tensors)
     for mode, per_element in (("fp32", 4), ("autocast", 2), ("bf16", 2)):
         assert set(got[mode]["bytes_per_step"].values()) == {per_element * psi}
-    for mode in ("fp32", "autocast", "bf16"):
-        assert got[mode]["losses"][-1] < 0.5 * got[mode]["losses"][0]          # each one learns
-    for mode in ("autocast", "bf16"):
-        assert abs(got[mode]["losses"][-1] - got["fp32"]["losses"][-1]) < 0.15, (mode, got[mode]["losses"][-1])
-        assert abs(got[mode]["accuracy"] - got["fp32"]["accuracy"]) <= 0.05
+    for mode in ("fp32", "autocast", "bf16"):    # each one learns the task: loss 2.77 -> ~0.01 in 200 steps
+        assert got[mode]["losses"][-1] < 0.1 and got[mode]["accuracy"] >= 0.99, (mode, got[mode]["losses"][-1])
