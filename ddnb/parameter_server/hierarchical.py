@@ -1,9 +1,9 @@
 """A hierarchical parameter server: gradients are summed within each host first, and only
 one message per host crosses the network to the server (and one copy of the parameters
-comes back per host), as in Geeps/Poseidon-style two-level aggregation and the
-"hierarchical" PS of Zhao et al. 2020 (Distributed hierarchical GPU parameter server,
-MLSys), whose point is the same: the server's link carries H messages per step instead
-of N.
+comes back per host), the idea of the hierarchical parameter server of Zhao et al. 2020
+("Distributed Hierarchical GPU Parameter Server for Massive Scale Deep Learning Ads
+Systems", MLSys), and of Horovod's hierarchical all-reduce: the server's link carries H
+messages per step instead of N.
 
     rank 0                     the server (holds the parameters and the optimizer)
     ranks 1..N                 workers; host h holds ranks h*g .. h*g + g - 1 (g = ranks_per_host)
