@@ -19,6 +19,8 @@ KEYS = {"method", "bytes_per_step", "compression_ratio", "step_time", "final_acc
     (["compress", "--start", "1"], "need an integer >= 2"),
     (["compress", "--ratio", "0"], "need a number > 0"),
     (["compress", "--ratio", "2"], "--ratio 2.0: need a fraction <= 1"),
+    (["compress", "--links", "0,x"], "'0,x': need a comma list of positive GB/s"),
+    (["compress", "--links", "1,-2"], "'1,-2': need a comma list of positive GB/s"),
 ])
 def test_argument_errors_before_any_process(argv, message, capsys, monkeypatch):
     check_argument_error(argv, message, capsys, monkeypatch)

@@ -318,10 +318,23 @@ def _add_compress_parser(sub) -> None:
     p.add_argument("--per-rank", type=_at_least(1), default=32, help="samples per rank per step (default 32)")
     p.add_argument("--start", type=_at_least(2), default=10, help="PowerSGD's plain all-reduce steps (default 10)")
     p.add_argument("--ratio", type=_at_least(0.0, float), default=0.01, help="top-k's fraction (default 0.01)")
+    p.add_argument("--links", type=_gbps, metavar="GB/S,...",
+                   help="instead: time one step of each method beside 'none' on emulated T4s with links of these "
+                        "bandwidths (ddnb.bench.compress_links: when compression pays), e.g. 0.1,1,10,100")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
     p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
                    help="seconds before a stuck world is killed (default 600)")
     p.set_defaults(run=_cmd_compress, parser=p)
+
+
+def _gbps(text: str) -> list[float]:
+    try:
+        got = [float(a) * 1e9 for a in text.split(",") if a.strip()]
+    except ValueError:
+        got = []
+    if not got or min(got) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a comma list of positive GB/s, e.g. 0.1,1,10")
+    return got
 
 
 def _methods(text: str) -> list[str]:
@@ -341,6 +354,16 @@ def _cmd_compress(parser, args) -> int:
     if args.ratio > 1:
         parser.error(f"--ratio {args.ratio}: need a fraction <= 1")
     out = sys.stderr if args.json else sys.stdout
+    if args.links:
+        from ddnb.bench.compress_links import link_sweep, pays_below
+
+        methods = ["none"] + [m for m in args.methods if m != "none" and not m.startswith("horovod")]
+        print(f"one step of each method on {args.workers} emulated T4s (emulated seconds); {_load()}", file=out)
+        rows = link_sweep(methods, args.links, args.workers, ratio=args.ratio, timeout=args.timeout)
+        print(json.dumps(rows, indent=1) if args.json else "\n".join(
+            f"{r['bandwidth'] / 1e9:>7g} GB/s {r['method']:<11} {r['step_time'] * 1e3:9.3f} ms  x{r['speedup']:.2f}"
+            for r in rows) + f"\npays up to: {pays_below(rows)}\n{rows[-1]['emulation']}")
+        return 0
     print(f"digits MLP 64-256-256-10 on {args.workers} gloo processes (DDP + a ddnb.compression hook), "
           f"{args.steps} steps of {args.per_rank} samples per rank, same seed and data for every method; "
           f"{_load()}", file=out, flush=True)
