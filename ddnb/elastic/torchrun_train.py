@@ -149,8 +149,11 @@ def launch(args) -> int:
 
 # ------------------------------------------------------------------ the worker's side
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The order (n,) in which epoch `epoch` visits the examples; the same on every rank."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(1_000_003 * seed + epoch))
+    """The order (n,) in which epoch `epoch` visits the examples; the same on every rank:
+    `ElasticSampler.order()`'s (06's shard_indices with one replica), as a tensor."""
+    from ddnb.data_parallel.sampler import shard_indices
+
+    return torch.tensor(shard_indices(n, 1, 0, epoch, seed))
 
 
 def rank_part(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
