@@ -28,8 +28,16 @@ def rank_info():
 
 
 def engines(pids):
-    """The pids among `pids` that are ipyparallel engines."""
-    return [p for p in pids if psutil.pid_exists(p) and "ipyparallel.engine" in " ".join(psutil.Process(p).cmdline())]
+    """The pids among `pids` that are ipyparallel engines: spawned ones run ipyparallel.engine,
+    forked ones are children of ddnb's zygote (ddnb/runtime/zygote.py)."""
+    def is_engine(p):
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(p)
+            parent = proc.parent()
+            return ("ipyparallel.engine" in " ".join(proc.cmdline())
+                    or (parent is not None and "ddnb.runtime.zygote" in " ".join(parent.cmdline())))
+        return False
+    return [p for p in pids if is_engine(p)]
 
 
 def gone(pids, within=10.0):

@@ -132,9 +132,9 @@ class Cluster:
 
     def _add_engines(self, k: int) -> None:
         threads = worker.threads_for(len(self._engine_ids()) + k, self.threads)
-        new = local_engines.start_engines(self._ipp, self.client, k, threads, self.start_timeout)
+        new, zygote = local_engines.start_engines(self._ipp, self.client, k, threads, self.start_timeout)
         also_kill = (self._controller_pid,) if self._controller_pid else ()
-        self._engine_pids.update(self._await([self.client[e].apply_async(worker.watch_parent, os.getpid(),
+        self._engine_pids.update(zygote, self._await([self.client[e].apply_async(worker.watch_parent, os.getpid(),
                                                                          also_kill) for e in new],
                                              new, "watch_parent", self.start_timeout))
 
@@ -308,8 +308,8 @@ class Cluster:
         return pd.DataFrame(rows, columns=cols).set_index("rank")
 
     def pids(self) -> list[int]:
-        """Process ids of the processes this cluster started: engines, the controller and
-        the scheduler processes the controller forked."""
+        """Process ids of the processes this cluster started: engines (and the zygote that forked
+        them), the controller and the scheduler processes the controller forked."""
         pids = set(self._engine_pids)
         if self._controller_pid:
             pids.add(self._controller_pid)

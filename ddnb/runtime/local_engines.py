@@ -16,12 +16,14 @@ import contextlib
 import io
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import ipyparallel as ipp
 import psutil
 
+from ddnb.runtime import zygote
 from ddnb.runtime.errors import WorkerTimeoutError
 
 HEARTBEAT_MS = 500              # ipyparallel: 3000
@@ -46,23 +48,38 @@ def start_controller(start_timeout: float):
     return cluster, client, pid
 
 
-def start_engines(cluster, client, k: int, threads: int, start_timeout: float) -> list[int]:
+def start_engines(cluster, client, k: int, threads: int, start_timeout: float) -> tuple[list[int], list[int]]:
     """Start k engines with `threads` intra-op threads each and wait until the controller
-    lists them; their engine ids."""
+    lists them; (their engine ids, pids of helper processes to reap at stop: the zygote).
+    On Linux the engines are forked from one process that imported torch once
+    (`ddnb.runtime.zygote`); elsewhere ipyparallel spawns each one."""
     # Local engines see the modules the notebook sees (a helpers.py beside it, a test file).
     path = [p for p in sys.path if p and os.path.isdir(p)]
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys([os.getcwd()] + path))}
     before = set(client.ids)
-    with quiet():
-        cluster.start_engines_sync(k, environment=env, engine_args=[f"--IPEngine.startup_command={IMPORT_TORCH}"])
+    proc = None
+    if zygote.usable():
+        log_dir = os.path.join(cluster.profile_dir, "log")
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, f"ddnb-engines-{cluster.cluster_id}.log"), "ab") as log:
+            proc = subprocess.Popen(zygote.command(k, os.getpid(), ["--profile-dir", cluster.profile_dir,
+                                                                   "--cluster-id", cluster.cluster_id]),
+                                    env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    else:
+        with quiet():
+            cluster.start_engines_sync(k, environment=env,
+                                       engine_args=[f"--IPEngine.startup_command={IMPORT_TORCH}"])
     deadline = time.monotonic() + start_timeout
     while len(set(client.ids) - before) < k:
+        got = len(set(client.ids) - before)
+        if proc is not None and proc.poll() is not None:
+            raise WorkerTimeoutError([], f"the process forking the engines exited (code {proc.returncode}) "
+                                         f"after {got} of {k} registered; see {log.name}")
         if time.monotonic() > deadline:
-            got = len(set(client.ids) - before)
             raise WorkerTimeoutError([], f"only {got} of {k} engines registered within {start_timeout:.0f} s")
         time.sleep(0.02)
-    return sorted(set(client.ids) - before)
+    return sorted(set(client.ids) - before), [proc.pid] if proc is not None else []
 
 
 class Laps:

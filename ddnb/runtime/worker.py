@@ -112,15 +112,17 @@ def describe() -> dict:
 def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) -> int:
     """Exit this process (and kill `also_kill`, e.g. the controller) as soon as the
     process that launched it is gone: a notebook kernel killed with SIGKILL runs no
-    clean-up of its own, and this keeps its engines from living on as orphans. Returns
-    this process's pid."""
+    clean-up of its own, and this keeps its engines from living on as orphans. An engine
+    forked by `ddnb.runtime.zygote` has the zygote as its parent: it exits when the zygote
+    does, and the zygote exits when `parent_pid` is gone. Returns this process's pid."""
+    launcher = os.getppid()   # parent_pid, or the zygote it started
 
     def loop():
         while True:
             time.sleep(interval)
             try:
                 os.kill(parent_pid, 0)
-                alive = os.getppid() == parent_pid
+                alive = os.getppid() == launcher
             except OSError:
                 alive = False
             if not alive:
