@@ -9,7 +9,8 @@
 
     assert run_world(3, allreduce_rank) == [3.0, 3.0, 3.0]
 
-Each rank is a spawned process with cores / n intra-op threads, at least 1
+Each rank is a process (on Linux forked from the standard library's fork server with torch
+already imported, `ddnb.runtime.zygote.mp_context`; spawned elsewhere) with cores / n intra-op threads, at least 1
 (`ddnb.runtime.worker.threads_for`; `threads=` or $DDNB_THREADS overrides it), joined
 through a FileStore in a fresh temporary folder (no port to collide). `World(n)` keeps
 the processes (and their process group) alive across calls, which is what makes
@@ -35,6 +36,7 @@ from multiprocessing.connection import wait
 import cloudpickle
 
 from ddnb._checks import Checks
+from ddnb.runtime import zygote
 from ddnb.runtime.errors import ClusterError, WorkerError, WorkerLostError, WorkerTimeoutError
 from ddnb.runtime.worker import GPU_BACKEND
 
@@ -179,7 +181,7 @@ class World:
 
             self._rendezvous = HorovodRendezvous(["localhost"] * n, timeout=timeout)
             envs = [self._rendezvous.env(r, iface="lo") for r in range(n)]
-        ctx = mp.get_context("spawn")
+        ctx = zygote.mp_context()   # forked from a process that has torch loaded
         self._conns, self._procs = [], []
         with _main_not_reimported():
             for rank in range(n):

@@ -36,6 +36,21 @@ def usable() -> bool:
     return sys.platform.startswith("linux") and os.environ.get("DDNB_ENGINE_START", "fork") != "spawn"
 
 
+def mp_context():
+    """The multiprocessing context `ddnb.testing.World` starts its ranks with: on Linux the
+    standard library's fork server with the same modules preloaded (started once per
+    process, reused by every later World); "spawn" elsewhere or with DDNB_ENGINE_START=spawn.
+    Environment variables read at import (ATEN_CPU_CAPABILITY, for instance) are then those
+    of the first World's start."""
+    import multiprocessing as mp
+
+    if not usable():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([m for m in PRELOAD if not m.startswith("ipyparallel")] + ["ddnb.testing"])
+    return ctx
+
+
 def command(k: int, parent: int, engine_args: list[str]) -> list[str]:
     """The command line that starts a zygote for k engines of `parent`'s cluster."""
     return [sys.executable, "-m", "ddnb.runtime.zygote", str(k), str(parent), "--", *engine_args]
