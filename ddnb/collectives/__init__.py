@@ -9,7 +9,8 @@ Each has torch.distributed's call shape, `fn(tensor, op="sum", group=None, trace
 it reduces `tensor` in place on every rank of `group` and returns it, recording every
 message (and the reduction arithmetic) in the tracer. Ops and the cross-rank input
 check live in `ops.py`; each algorithm's messages, step by step, as plain data in
-`schedules.py` (`allreduce_schedule`), which tests check against the traced messages.
+`schedules.py` (`allreduce_schedule`), which tests check against the traced messages;
+`compare.py` checks an all-reduce written in a notebook cell against ddnb's and torch's.
 Then all-to-all, from the same messages:
 
     all_to_all                   pairwise exchange, N-1 rounds, uneven splits too   all_to_all.py

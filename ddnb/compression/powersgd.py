@@ -240,3 +240,30 @@ def powersgd_hook(state: PowerSGDState, bucket):   # -> Future[Tensor] (unannota
         state.q_memory_dict.clear()
     state.advance(bucket)
     return done(buffer)
+
+
+def compare_with_hooks(by_hand, n: int = 32, m: int = 24, r: int = 2) -> tuple[float, float]:
+    """Check a PowerSGD step written by hand against the hooks, one matrix on every rank:
+    `by_hand(n, m, r)` returns (its rank-r approximation of the mean gradient (n, m), this
+    rank's gradient M (n, m)); the same M then goes, as a one-tensor bucket, through
+    `powersgd_hook` and torch's `powerSGD_hook` at a compressed step (state.iter = 2, the
+    first Q drawn from the seed both hooks draw). Call it on every rank at once.
+    Returns (largest |by hand − ddnb's hook|, largest |ddnb's − torch's hook|).
+    Used by `notebooks/14_precision_compression.ipynb` ("PowerSGD, step by step")."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+    from ddnb.compression.comm import Bucket
+
+    with Checks("compare_with_hooks") as check:
+        check.rule(callable(by_hand), f"by_hand must be a function, got {type(by_hand).__name__}")
+        check.positive_ints(n=n, m=m, r=r)
+        check.rule(not all(isinstance(v, int) for v in (n, m, r)) or r < min(n, m),
+                   f"r={r} must be below min(n, m) = min({n}, {m})")
+    mine, M = by_hand(n, m, r)                                        # (n, m), (n, m)
+    out = []
+    for state, hook in ((PowerSGDState(None, r, start_powerSGD_iter=2), powersgd_hook),
+                        (torch_psgd.PowerSGDState(None, r, start_powerSGD_iter=2), torch_psgd.powerSGD_hook)):
+        state.iter = 2                                                # past the plain all-reduce steps
+        g = M.clone()
+        out.append(hook(state, Bucket(0, g.view(-1), [g])).wait().view(n, m))
+    return (mine - out[0]).abs().max().item(), (out[0] - out[1]).abs().max().item()

@@ -14,6 +14,7 @@ schedules (Huang et al. 2019; Narayanan et al. 2021).
 `transformer`: parameters of a GPT, training FLOPs 6·N·D, MFU, days of training (Kaplan et al. 2020).
 `memory_model`: training memory of a GPT on one device, states and activations (Korthikanti et al. 2022).
 `published`: published models' sizes, tokens and compute, as their papers state them.
+`measure`: α, β, γ, two all-reduces and a data-parallel step measured on the first n ranks.
 Each module names the notebook that teaches it; `notebooks/12_scalability.ipynb` combines them.
 """
 from ddnb.cost.all_to_all import ALLTOALL_ALGORITHMS, alltoall_bytes_per_rank, alltoall_time

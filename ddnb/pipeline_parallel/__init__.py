@@ -10,6 +10,7 @@ compute at once. Naive first, then better:
     stage.py      PipelineStage                            a rank's slice and its messages
     executor.py   run_schedule, StepResult                 run a schedule on real stages
     reference.py  reference_grads, torch_pipeline_grads    one process; torch.distributed.pipelining
+    demo.py       pipeline_step                            the notebook's GPT step, checked against both
 
 Taught in `notebooks/09_pipeline_parallelism.ipynb` (after the naive layer split of
 notebook 08, idle (p-1)/p of the time); the formulas are in `ddnb.cost.pipeline`, the

@@ -13,6 +13,8 @@ operators keeping forward and backward equal to the unsharded model's.
                     split into all-gather + reduce-scatter (Korthikanti et al. 2022)
     hybrid.py       train_dp_tp on a ddnb.ProcessGrid(dp, tp), train_reference
     torch_tp.py     torch_tp_mlp: the same MLP with torch.distributed.tensor.parallel
+    demo.py         the notebook's harnesses: check_against_reference, traced_step,
+                    cross_entropies, measure_memory, against_torch
 
 Taught in `notebooks/10_tensor_parallelism.ipynb`.
 """
