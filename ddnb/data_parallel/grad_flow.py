@@ -9,7 +9,9 @@ the sync. Recorded live on real processes for four synchronizations:
               (Sec. 3.2.2-3.2.3)
     ddp       torch DistributedDataParallel, its buckets seen through a communication hook
               (`register_comm_hook`: the hook gets each bucket, `bucket.parameters()`, when
-              the reducer launches it)
+              the reducer launches it). Step 0 has one bucket: DDP does not know yet in
+              which order backward produces the gradients, so it rebuilds its buckets in
+              the order they arrived (Li et al. 2020, Sec. 3.2.3) from step 1 on
     horovod   hvd.DistributedOptimizer with `groups=` the same buckets (Sergeev & Del Balso
               2018, Sec. 6: tensor fusion), its grouped all-reduces stamped as they are
               submitted and polled until done
@@ -257,3 +259,22 @@ def gradient_flow(cluster, strategy: str = "bucketed", workers: int | None = Non
     got = cluster.run(record_gradient_flow, strategy, steps=steps, layers=layers, width=width, bucket_mb=bucket_mb,
                       per_rank=per_rank, lr=lr, seed=seed, workers=workers)
     return [r for r in got if r is not None]
+
+
+def flow_invariants(data: list[dict], reference: list[list[float]] | None = None, tol: float = 1e-5) -> dict:
+    """What must hold in every recorded step, as booleans: `buckets_cover_layers` (each layer
+    in exactly one bucket), `overlap_rule` (each bucket's all-reduce starts no earlier than
+    its layers' gradients were produced), `ranks_agree` (the averaged norms equal on every
+    rank, within tol) and, given `reference_gradient_flow`'s norms, `equal_reference`."""
+    out = {"buckets_cover_layers": True, "overlap_rule": True, "ranks_agree": True}
+    for t in range(min(len(r["steps"]) for r in data)):
+        for r in data:
+            s = r["steps"][t]
+            owned = sorted(i for b in s["buckets"] for i in b["layers"])
+            out["buckets_cover_layers"] &= owned == list(range(len(r["layers"])))
+            out["overlap_rule"] &= all(b["start"] >= max(s["time"][i] for i in b["layers"]) for b in s["buckets"])
+            out["ranks_agree"] &= max(abs(a - b) for a, b in zip(s["averaged"], data[0]["steps"][t]["averaged"])) <= tol
+            if reference is not None:
+                ok = max(abs(a - b) for a, b in zip(s["averaged"], reference[t])) <= tol
+                out["equal_reference"] = out.get("equal_reference", True) and ok
+    return out
