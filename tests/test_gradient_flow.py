@@ -124,3 +124,33 @@ def test_widget_reruns_on_the_cluster(world):
     assert flow.data[0]["strategy"] == "naive" and len(flow.data[0]["steps"][1]["buckets"]) == LAYERS
     flow.step.value = 0                                      # only redraws
     assert flow.data[0]["strategy"] == "naive" and flow.image.value[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed", "ddp"])
+def test_train_dp_equals_one_process_on_the_global_batch(world, strategy):
+    import torch
+
+    from ddnb.data_parallel.demo import train_dp
+    from ddnb.data_parallel.train import reference_digits
+
+    out = world(2).run(train_dp, strategy, steps=4)
+    ref = reference_digits(workers=2, steps=4)["params"]
+    assert torch.equal(out[0][0], out[1][0]) and (out[0][0] - ref).abs().max().item() < 1e-5
+    names = out[0][3]
+    if strategy == "bucketed":    # the norms behind the heatmap: one per parameter, averaged ones equal on ranks
+        assert len(out[0][2]) == 4 and len(out[0][2][0]["before"]) == len(names) == 4
+        assert out[0][2][0]["after"] == pytest.approx(out[1][2][0]["after"], abs=1e-7)
+    if strategy == "naive":       # one all-reduce per parameter per step, in the trace
+        assert sum(e["kind"] == "collective" for e in out[0][1]) == 4 * 4
+
+
+def test_train_dp_bad_input_named_on_every_rank(world):
+    from ddnb.runtime.errors import WorkerError
+    from ddnb.data_parallel.demo import train_dp
+
+    w = world(2)
+    with pytest.raises(WorkerError, match="strategy='horovod'.*steps=0"):
+        w.run(train_dp, "horovod", steps=0)
+    with pytest.raises(WorkerError, match="more than one epoch"):
+        w.run(train_dp, "naive", steps=100)
+    assert w.run(lambda: 2) == [2, 2]
