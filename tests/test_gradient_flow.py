@@ -73,8 +73,11 @@ def test_the_bucket_size_sets_the_buckets(world, strategy):
 @requires_horovod
 @pytest.mark.horovod
 def test_horovod_grouped_allreduces(world):
-    data = check_records(gradient_flow(world(2, horovod=True), "horovod", steps=STEPS), 2)
+    w = world(2, horovod=True)
+    data = check_records(gradient_flow(w, "horovod", steps=STEPS), 2)
     assert all(1 < len(s["buckets"]) < LAYERS for s in data[0]["steps"])
+    flow = GradientFlowWidget(w, strategy="horovod", steps=1, step=0)     # offered: this world runs Horovod
+    assert flow.data[0]["strategy"] == "horovod" and flow.workers.disabled and flow.note.value == ""
 
 
 def test_bad_arguments_named_before_any_rank_runs(world):

@@ -136,6 +136,7 @@ class GradientFlowWidget:
         from ddnb.data_parallel.grad_flow import gradient_flow
 
         strategy = self.strategy.value
+        self.workers.disabled = strategy == "horovod"
         workers = None if strategy == "horovod" else self.workers.value   # Horovod: every rank
         try:
             self.status.value = f"training with {LABELS[strategy]} on the cluster ..."
