@@ -101,9 +101,11 @@ def synthetic(start_b0=0.002):
              "steps": [step]} for r in range(2)]
 
 
-def test_flow_invariants_catch_a_bucket_sent_before_its_gradient():
+def test_flow_invariants_catch_a_bucket_sent_before_its_gradient_and_a_wrong_average():
     assert flow_invariants(synthetic())["overlap_rule"] is True
     assert flow_invariants(synthetic(start_b0=0.0005))["overlap_rule"] is False   # layer 1 produced at 0.001
+    assert flow_invariants(synthetic(), [[1.5e-3, 1.5e-3]])["equal_reference"] is True
+    assert flow_invariants(synthetic(), [[1.5e-3, 1.5001e-3]])["equal_reference"] is False   # relative 7e-5 off
 
 
 def test_plot_headless_and_bad_step_named(world):

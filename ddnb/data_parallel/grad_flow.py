@@ -265,7 +265,9 @@ def flow_invariants(data: list[dict], reference: list[list[float]] | None = None
     """What must hold in every recorded step, as booleans: `buckets_cover_layers` (each layer
     in exactly one bucket), `overlap_rule` (each bucket's all-reduce starts no earlier than
     its layers' gradients were produced), `ranks_agree` (the averaged norms equal on every
-    rank, within tol) and, given `reference_gradient_flow`'s norms, `equal_reference`."""
+    rank) and, given `reference_gradient_flow`'s norms, `equal_reference`; "equal": within a
+    relative `tol`, layer by layer."""
+    close = lambda got, want: all(abs(a - b) <= tol * abs(b) for a, b in zip(got, want))  # noqa: E731
     out = {"buckets_cover_layers": True, "overlap_rule": True, "ranks_agree": True}
     for t in range(min(len(r["steps"]) for r in data)):
         for r in data:
@@ -273,8 +275,7 @@ def flow_invariants(data: list[dict], reference: list[list[float]] | None = None
             owned = sorted(i for b in s["buckets"] for i in b["layers"])
             out["buckets_cover_layers"] &= owned == list(range(len(r["layers"])))
             out["overlap_rule"] &= all(b["start"] >= max(s["time"][i] for i in b["layers"]) for b in s["buckets"])
-            out["ranks_agree"] &= max(abs(a - b) for a, b in zip(s["averaged"], data[0]["steps"][t]["averaged"])) <= tol
+            out["ranks_agree"] &= close(s["averaged"], data[0]["steps"][t]["averaged"])
             if reference is not None:
-                ok = max(abs(a - b) for a, b in zip(s["averaged"], reference[t])) <= tol
-                out["equal_reference"] = out.get("equal_reference", True) and ok
+                out["equal_reference"] = out.get("equal_reference", True) and close(s["averaged"], reference[t])
     return out
