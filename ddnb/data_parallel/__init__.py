@@ -9,6 +9,9 @@ the same step (the global-batch step). Naive first, then better:
                                                    overlapping backward (as torch DDP); overlap_stats
     horovod.py    horovod_optimizer, horovod_timeline, horovod_timeline_events
                                                    the same training with Horovod, and its timeline
+    grad_flow.py  gradient_flow, record_gradient_flow  per layer and rank, live: local gradient, its bucket,
+                                                   the bucket's all-reduce start/end, the average
+    demo.py       train_dp                         chapter 06's first run, traced
 
 Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`; measured
 by `python -m ddnb.bench dp` (`ddnb/bench/dp.py`).

@@ -5,6 +5,7 @@ Each module names the notebook that teaches it, from `notebooks/00_getting_start
 from ddnb.viz.allreduce_steps import AllreduceAnimation, allreduce_steps, plot_allreduce_steps
 from ddnb.viz.bandwidth import plot_allreduce_times, plot_bytes_per_rank
 from ddnb.viz.buffers import plot_buffers
+from ddnb.viz.gradient_flow import GradientFlowWidget, plot_gradient_flow
 from ddnb.viz.gradients import (GradientFlowExplorer, plot_bucket_timeline, plot_gradient_heatmap,
                                 plot_horovod_timeline)
 from ddnb.viz.growth import plot_model_growth
@@ -40,6 +41,7 @@ __all__ = [
     # 02: task parallelism
     "plot_ensemble", "plot_search", "plot_task_timeline",
     # 06, 07: data parallelism, Horovod
+    "GradientFlowWidget", "plot_gradient_flow",
     "GradientFlowExplorer", "plot_bucket_timeline", "plot_gradient_heatmap", "plot_horovod_timeline", "plot_scaling",
     "scaling_table",
     # 08-11: model, pipeline and tensor parallelism, sharding
