@@ -222,6 +222,8 @@ def memory_timeline(cluster, strategy: str, workers: int | None = None, config: 
     with Checks("memory_timeline") as check:
         if check.integer("workers", workers, min=1, max=cluster.n):
             validate(strategy, config, workers, batch_size, microbatches, check)
+        else:
+            check.choice("strategy", strategy, STRATEGIES)
     out = cluster.run(_on_subgroup, strategy, workers,
                       dict(config=config, batch_size=batch_size, microbatches=microbatches))
     return out[:workers]
