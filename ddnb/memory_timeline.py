@@ -24,7 +24,7 @@ i's output (its backward is next), "backward", then the strategy's own: "all-red
 "reduce-scatter", "optimizer step", "all-gather"; a pipeline samples after each of its
 schedule's actions ("F3": micro-batch 3's forward). Parameters, gradients and optimizer
 state are the storages this rank's objects hold (`ddnb.memory.tensor_bytes`, each storage
-once); activations are `ddnb.memory.SavedActivations.live`, the bytes saved for backward.
+once); activations are the `live` bytes of a `ddnb.memory.SavedActivations`, saved for backward.
 
     events = step_timeline("zero2")                       # on every rank: [(label, i, bytes), ...]
     per_rank = memory_timeline(cluster, "1f1b", workers=4)   # from the notebook
@@ -84,6 +84,11 @@ def _adam_tensors(optimizer):
     return [v for s in optimizer.state.values() for k, v in s.items() if k != "step" and torch.is_tensor(v)]
 
 
+def _plain_states(params, optimizer):
+    """states() of a module whose parameters sit whole in one torch optimizer (dp, tp, a stage)."""
+    return lambda: (params, [p.grad for p in params], _adam_tensors(optimizer))
+
+
 def _hook_layers(layers, sample) -> None:
     """Sample "F i" after each layer's forward and "B i" when its output's gradient arrives."""
     def after_forward(i):
@@ -120,13 +125,13 @@ def step_timeline(strategy: str, config: GPTConfig | None = None, batch_size: in
         net = TensorParallelGPT.from_module(model, group)
         layers, loss_of = [net.tok, *net.blocks, net.out], net.loss
         opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=False)
-        states = lambda: (list(net.parameters()), [p.grad for p in net.parameters()], _adam_tensors(opt))  # noqa: E731
+        states = _plain_states(list(net.parameters()), opt)
         zero_grad = lambda: opt.zero_grad(set_to_none=True)                           # noqa: E731
         sync = [("optimizer step", opt.step)]                      # one TP group: nothing to all-reduce
     elif strategy == "dp":
         layers, loss_of = list(model), lambda x, y: lm_loss(model(x), y)              # noqa: E731
         opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
-        states = lambda: (list(model.parameters()), [p.grad for p in model.parameters()], _adam_tensors(opt))  # noqa: E731
+        states = _plain_states(list(model.parameters()), opt)
         zero_grad = lambda: opt.zero_grad(set_to_none=True)                           # noqa: E731
 
         def all_reduce():                                          # naive data parallelism
@@ -188,7 +193,7 @@ def _pipeline(strategy, model, batches, microbatches, lr, act, group):
     stage = PipelineStage(model, microbatches=microbatches, batch_shape=tuple(x0.shape), group=group, tracer=tracer)
     params = list(stage.module.parameters())
     opt = torch.optim.Adam(params, lr=lr, foreach=False)
-    sample = _Sampler(lambda: (params, [p.grad for p in params], _adam_tensors(opt)), act)
+    sample = _Sampler(_plain_states(params, opt), act)
     schedule = get_schedule(strategy, world_size, microbatches)
     for step, (x, y) in enumerate(batches):
         if step == 1:
