@@ -102,20 +102,25 @@ def _hook_layers(layers, sample) -> None:
 
 
 def step_timeline(strategy: str, config: GPTConfig | None = None, batch_size: int = 24, microbatches: int = 8,
-                  lr: float = 1e-3, seed: int = 0, group=None) -> list[tuple[str, int, dict]]:
+                  lr: float = 1e-3, seed: int = 0, group=None, device=None) -> list[tuple[str, int, dict]]:
     """One Adam step of `gpt(config, seed)` under `strategy` on every rank of `group`, after
     one warm-up step; returns this rank's [(event label, index, {part: bytes})]. Every
-    argument is checked before the first message (the same ValueError on every rank)."""
+    argument is checked before the first message (the same ValueError on every rank).
+    `device`: default `ddnb.runtime.worker.rank_device()` (the rank's GPU under nccl, else CPU)."""
+    from ddnb.runtime.worker import rank_device
+
     config = GPTConfig() if config is None else config
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     with Checks("step_timeline") as check:
         validate(strategy, config, world_size, batch_size, microbatches, check)
         check.number("lr", lr, positive=True)
-    model = gpt(config, seed=seed)
-    batches = synthetic_task(config, batch_size, steps=2, seed=seed)                 # 2 x ((B, T), (B, T))
+    device = rank_device() if device is None else torch.device(device)
+    model = gpt(config, seed=seed).to(device)
+    batches = [(x.to(device), y.to(device)) for x, y in synthetic_task(config, batch_size, steps=2, seed=seed)]
+    # 2 x ((B, T), (B, T)) int64
     act = SavedActivations()
     if strategy in ("gpipe", "1f1b"):
-        return _pipeline(strategy, model, batches, microbatches, lr, act, group)
+        return _pipeline(strategy, model, batches, microbatches, lr, act, group, device)
     if strategy in ("dp", "zero1", "zero2", "zero3"):
         b = batch_size // world_size
         batches = [(x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]) for x, y in batches]   # (b, T)
@@ -149,6 +154,7 @@ def step_timeline(strategy: str, config: GPTConfig | None = None, batch_size: in
             params = [p for u in zero.units for p in u.params] + list(zero.shards)
             return params, [p.grad for p in params], _adam_tensors(zero.optimizer)
         zero_grad = zero.zero_grad
+        # ZeroStage1.step's three moves, called one by one to sample between them
         sync = [("reduce-scatter", zero._reduce_gradients), ("optimizer step", zero.optimizer.step)]
         if strategy != "zero3":                                    # stage 3 gathers in the next forward
             sync.append(("all-gather", zero._gather_parameters))
@@ -184,13 +190,14 @@ class _ActionTracer(Tracer):
             self.sample(name)
 
 
-def _pipeline(strategy, model, batches, microbatches, lr, act, group):
+def _pipeline(strategy, model, batches, microbatches, lr, act, group, device):
     from ddnb.pipeline_parallel import PipelineStage, get_schedule, run_schedule
 
     world_size = dist.get_world_size(group)
     tracer = _ActionTracer()
     x0 = batches[0][0]
-    stage = PipelineStage(model, microbatches=microbatches, batch_shape=tuple(x0.shape), group=group, tracer=tracer)
+    stage = PipelineStage(model, microbatches=microbatches, batch_shape=tuple(x0.shape), group=group, tracer=tracer,
+                          device=device)
     params = list(stage.module.parameters())
     opt = torch.optim.Adam(params, lr=lr, foreach=False)
     sample = _Sampler(_plain_states(params, opt), act)

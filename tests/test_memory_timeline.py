@@ -44,6 +44,19 @@ def test_sharding_divides_the_states_by_n(timelines):
     assert ratio["zero3"] == {"parameters": 0.25, "gradients": 0.25, "optimizer": 0.25}
 
 
+@pytest.mark.parametrize("stage, strategy", list(enumerate(["dp", "zero1", "zero2", "zero3"])))
+def test_dp_and_zero_equal_the_papers_formula(timelines, stage, strategy):
+    """The default GPT's layers divide by N = 4: no padding, so the bytes are the paper's
+    (Sec. 5, fp32: 4 + 4 bytes, K = 8) exactly, ddnb.cost.zero_memory_parts."""
+    from ddnb.cost import zero_memory_parts
+    from ddnb.models import gpt
+
+    psi = sum(p.numel() for p in gpt(GPTConfig()).parameters())
+    paper = zero_memory_parts(psi, 4, stage, k=8, param_bytes=4, grad_bytes=4)
+    for events in timelines[strategy]:
+        assert {k: events[-1][2][k] for k in PARTS} == paper
+
+
 def test_zero3_gathers_one_layer_at_a_time(timelines):
     """During forward, ZeRO-3 holds its shards plus the gathered layer that runs."""
     from ddnb.models import gpt
