@@ -25,6 +25,7 @@ from ddnb.exercises.p2p import check_broadcast, check_ring_shift
 from ddnb.exercises.parameter_server import check_ps_step
 from ddnb.exercises.pipeline import check_1f1b
 from ddnb.exercises.predict import check_prediction
+from ddnb.exercises.sharding import check_zero1_step
 from ddnb.exercises.tasks import check_task_map
 from ddnb.exercises.tensor_parallel import check_column_parallel
 
