@@ -17,8 +17,8 @@ class WorldAsCluster:
     def __init__(self, world):
         self.world, self.n = world, world.n
 
-    def run(self, fn, *args):
-        return self.world.run(fn, *args)
+    def run(self, fn, *args, **kwargs):
+        return self.world.run(fn, *args, **kwargs)
 
 
 def every_collective_on_first_ranks():
