@@ -57,8 +57,8 @@ def fused_allreduces(events: list[dict]) -> list[int]:
     all-reduce activity (GLOO_ALLREDUCE on CPUs, NCCL_ALLREDUCE on GPUs) of every tensor of
     one fusion buffer starts before the collective runs and ends after it, so their spans
     overlap; the background thread runs one collective at a time, so those of different
-    buffers do not (the timeline writes each tensor's start at its own microsecond: no
-    rounding of start times would group them safely)."""
+    buffers do not. (Grouping by overlap rather than by equal start times: the timeline
+    stamps each tensor's start as it writes it, so one buffer's starts may differ.)"""
     spans = sorted((e["start"], e["end"]) for e in events if e["activity"] in ALLREDUCE_ACTIVITIES)
     groups: list[int] = []
     first_end = None
@@ -124,7 +124,9 @@ def measure_knobs(cluster, fusion_mb: float | None = None, cycle_ms: float | Non
     """Train a few steps with Horovod on `cluster`'s engines under these knobs (None:
     Horovod's default), restarting the engines first when Horovod ran there with other
     settings (see the module docstring; a restart also clears what the notebook left in
-    the engines' namespace). Returns the knobs, "step_time" (s, slowest rank's median), "tensors",
+    the engines' namespace). With engines started elsewhere (`Cluster(profile=...)`) a
+    restart reconnects to the same processes, so only the settings Horovod first started
+    with there can be measured: other ones raise start_horovod's ValueError. Returns the knobs, "step_time" (s, slowest rank's median), "tensors",
     "fused" (tensors per fused all-reduce over the traced steps), "allreduces_per_step",
     "tensors_per_allreduce" and "restart_s" (seconds spent restarting, 0 if none)."""
     from ddnb.runtime.horovod import horovod_available
