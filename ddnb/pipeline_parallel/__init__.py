@@ -4,6 +4,8 @@ compute at once. Naive first, then better:
 
     naive.py      NaiveModelParallel, partition_layers      one batch at a time (notebook 08);
                   (equal / params / time balanced)          the layers split into stages
+    naive_training.py  train_split, train_single,      notebook 08's harness: the split trained,
+                       median_step, step_summary       the one-process reference, the traces read
     schedules.py  Action, gpipe_schedule, one_f_one_b_schedule,          schedules as plain
                   interleaved_one_f_one_b_schedule, validate_schedule,   lists of actions
                   simulate, in_flight, bubble_fraction

@@ -1,0 +1,110 @@
+"""A widget for Horovod's tensor-fusion knobs: the fusion threshold (HOROVOD_FUSION_THRESHOLD),
+the cycle time (HOROVOD_CYCLE_TIME) and fp16 compression. Each change re-runs a few
+training steps with Horovod on the cluster's engines under those settings
+(`ddnb.data_parallel.horovod_knobs.measure_knobs`) and redraws every run so far: the
+measured step time, and the fused all-reduces per step read from Horovod's timeline.
+
+    knobs = HorovodKnobs(cluster)              # measures Horovod's defaults first
+    knobs                                      # the menus, the checkbox and the picture
+    knobs.measure(fusion_mb=0)                 # the same from code: the run's dict
+
+Horovod 0.28.1 reads the threshold and the cycle only at hvd.init() and crashes when it
+starts again in the same process with other values, so a change of either restarts the
+engines (fresh processes: seconds, and the engines' namespace is cleared); fp16 alone
+does not (the module docstring of `ddnb.data_parallel.horovod_knobs` says what was tried).
+Times are real-mode wall-clock on this machine, labelled with its cores; `plot_knob_runs`
+draws the runs from plain dicts, without a cluster. Taught in `notebooks/07_horovod.ipynb`.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from ddnb.data_parallel.horovod_knobs import DEFAULTS, measure_knobs
+from ddnb.viz.png import figure_png
+
+FUSION = [(f"default ({DEFAULTS['fusion_mb']} MB)", None), ("0: fusion off", 0.0), ("64 KB", 1 / 16), ("1 MB", 1.0)]
+CYCLE = [(f"default ({DEFAULTS['cycle_ms']} ms)", None), ("0.2 ms", 0.2), ("5 ms", 5.0), ("20 ms", 20.0)]
+
+
+def knob_label(run: dict) -> str:
+    """"fusion 64 KB, cycle 5 ms, fp16" for a run's knobs (defaults named as such)."""
+    f, c = run["fusion_mb"], run["cycle_ms"]
+    fusion = "default" if f is None else "off" if f == 0 else f"{f * 1024:g} KB" if f < 1 else f"{f:g} MB"
+    cycle = "default" if c is None else f"{c:g} ms"
+    return f"fusion {fusion}, cycle {cycle}" + (", fp16" if run["fp16"] else "")
+
+
+def plot_knob_runs(runs: list[dict], cores: int | None = None):
+    """Two panels, one bar per run (the dicts `measure_knobs` returns): step time (ms) and
+    fused all-reduces per step (with the gradient tensors per step marked). Returns the
+    Figure."""
+    if not runs:
+        raise ValueError("runs is empty: measure at least one setting")
+    labels = [knob_label(r) for r in runs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.9 + 0.4 * len(runs)), sharey=True)
+    ys = list(range(len(runs)))
+    ax1.barh(ys, [r["step_time"] * 1e3 for r in runs], color="C1")
+    where = f"{runs[0]['workers']} workers" + (f" on {cores} cores" if cores else "")
+    ax1.set_xlabel(f"step time (ms), real processes: {where}")
+    ax2.barh(ys, [r["allreduces_per_step"] for r in runs], color="C0")
+    ax2.axvline(runs[0]["tensors"], color="k", lw=0.8, ls=":")
+    ax2.text(runs[0]["tensors"], len(runs) - 0.5, f" {runs[0]['tensors']} tensors", fontsize=8, va="bottom")
+    ax2.set_xlabel("fused all-reduces per step")
+    ax1.set_yticks(ys)
+    ax1.set_yticklabels(labels, fontsize=8)
+    ax1.invert_yaxis()
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+class HorovodKnobs:
+    """Menus for the fusion threshold and the cycle time, a checkbox for fp16 compression.
+    `runs` holds every measured run (dicts of `measure_knobs`), drawn together."""
+
+    def __init__(self, cluster, steps: int = 5, traced: int = 2):
+        from ddnb.runtime.conditions import cores
+
+        self.cluster, self.steps, self.traced, self.runs = cluster, steps, traced, []
+        self.cores = cores()
+        self._quiet = False
+        self.fusion = widgets.Dropdown(options=FUSION, value=None, description="fusion")
+        self.cycle = widgets.Dropdown(options=CYCLE, value=None, description="cycle")
+        self.fp16 = widgets.Checkbox(value=False, description="fp16 compression")
+        self.status = widgets.Label()
+        self.image = widgets.Image(format="png")
+        for w in (self.fusion, self.cycle, self.fp16):
+            w.observe(lambda change: self._changed(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.fusion, self.cycle, self.fp16]), self.status, self.image])
+        self.measure()
+
+    def measure(self, fusion_mb: float | None = None, cycle_ms: float | None = None, fp16: bool = False) -> dict:
+        """Run these knobs on the cluster (the controls follow), redraw; returns the run."""
+        self._quiet = True
+        try:
+            self.fusion.value, self.cycle.value, self.fp16.value = fusion_mb, cycle_ms, fp16
+        finally:
+            self._quiet = False
+        self.status.value = "measuring (a changed threshold or cycle restarts the engines)..."
+        run = measure_knobs(self.cluster, fusion_mb, cycle_ms, fp16, steps=self.steps, traced=self.traced)
+        self.runs.append(run)
+        self.image.value = figure_png(plot_knob_runs(self.runs, self.cores))
+        restart = f"; engines restarted ({run['restart_s']:.0f} s)" if run["restart_s"] else ""
+        self.status.value = (f"{knob_label(run)}: {run['step_time'] * 1e3:.1f} ms a step on {self.cores} cores, "
+                             f"{run['allreduces_per_step']:g} fused all-reduces per step "
+                             f"({run['tensors_per_allreduce']:.1f} of the {run['tensors']} tensors each){restart}")
+        return run
+
+    def _changed(self) -> None:
+        if self._quiet:
+            return
+        try:
+            self.measure(self.fusion.value, self.cycle.value, self.fp16.value)
+        except Exception as e:  # noqa: BLE001 - shown to the learner, not left as a traceback
+            self.status.value = f"{type(e).__name__}: {e}"
+
+    def _ipython_display_(self):
+        display(self.widget)
