@@ -45,8 +45,13 @@ from ddnb.runtime.worker import GPU_BACKEND
 ERROR_GRACE_SECONDS = 2.0
 
 
-def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, backend="gloo"):
-    """The loop of one rank: receive a pickled (fn, args, kwargs), run it, send the result."""
+def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, backend="gloo", environ=None):
+    """The loop of one rank: receive a pickled (fn, args, kwargs), run it, send the result.
+    `environ`: the parent's environment when the World started (a rank forked from the fork
+    server would otherwise have the server's, from the first World's start)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     from datetime import timedelta
 
     import torch
@@ -187,7 +192,8 @@ class World:
             for rank in range(n):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_rank_main, name=f"ddnb-rank{rank}", daemon=True,
-                                args=(rank, n, self._dir, child, self.threads, timeout, envs[rank], backend))
+                                args=(rank, n, self._dir, child, self.threads, timeout, envs[rank], backend,
+                                      dict(os.environ)))
                 p.start()
                 child.close()
                 self._conns.append(parent)

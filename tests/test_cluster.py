@@ -225,6 +225,8 @@ def test_context_manager_start_time_and_threads_override():
         assert len(engines(pids)) == 4 and len(pids) > 5  # + the controller and its schedulers
         assert [g[0] for g in c.run(rank_info)] == [0, 1, 2, 3]
         assert [g[4] for g in c.run(rank_info)] == [3, 3, 3, 3]   # threads= wins over cores / workers
+        # forked engines (ddnb/runtime/zygote.py) reseed: each draws its own numbers
+        assert len(set(c.run(lambda: __import__("torch").randn(1).item()))) == 4
         # where the start-up went, phase by phase, adds up to the whole
         assert list(c.startup_phases) == ["controller", "engines", "describe", "process_group", "names"]
         assert sum(c.startup_phases.values()) == pytest.approx(c.startup_seconds, abs=0.05)

@@ -147,3 +147,36 @@ def _alive(pid):
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def test_ranks_see_the_environment_of_their_worlds_start(monkeypatch):
+    """Ranks are forked from a fork server started once (ddnb.runtime.zygote.mp_context):
+    each still sees the parent's environment as it is when its World starts, and a
+    variable that acts at torch's import (the CPU kernels) gets ranks of its own."""
+    def env_and_kernels():
+        import os
+
+        import torch
+
+        return os.environ.get("DDNB_TEST_VAR"), torch.backends.cpu.get_cpu_capability()
+
+    with World(2) as w:
+        before = w.run(env_and_kernels)
+    monkeypatch.setenv("DDNB_TEST_VAR", "set after the first World")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    with World(2) as w:
+        after = w.run(env_and_kernels)
+    assert [b[0] for b in before] == [None, None]
+    assert after == [("set after the first World", "DEFAULT")] * 2
+
+
+def test_forked_ranks_and_engines_draw_their_own_random_numbers():
+    """A forked process starts with its parent's random state; Python's random module
+    reseeds itself after a fork, and torch keeps its fixed default seed in every rank, as a
+    spawned process has it (tests seed explicitly)."""
+    import random
+
+    with World(3) as w:
+        got = w.run(lambda: (random.random(), torch.initial_seed()))
+    assert len({g[0] for g in got}) == 3
+    assert len({g[1] for g in got}) == 1

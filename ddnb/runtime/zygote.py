@@ -30,6 +30,10 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "torch.optim", "
            "cloudpickle", "ipyparallel.engine.app", "ddnb.runtime.worker")
 
 
+IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "LD_PRELOAD", "PYTHONHASHSEED", "MALLOC_CONF", "TORCH_CPP_LOG_LEVEL")
+_server_env: dict | None = None     # IMPORT_TIME_ENV when this process's fork server started
+
+
 def usable() -> bool:
     """Whether engines on this machine are forked (Linux, not turned off by
     DDNB_ENGINE_START=spawn)."""
@@ -40,12 +44,16 @@ def mp_context():
     """The multiprocessing context `ddnb.testing.World` starts its ranks with: on Linux the
     standard library's fork server with the same modules preloaded (started once per
     process, reused by every later World); "spawn" elsewhere or with DDNB_ENGINE_START=spawn.
-    Environment variables read at import (ATEN_CPU_CAPABILITY, for instance) are then those
-    of the first World's start."""
+    Each rank takes the parent's environment as it is at the World's start; variables that
+    act when torch is imported (IMPORT_TIME_ENV) cannot change in a process that has it
+    already, so when they differ from the fork server's, this World's ranks are spawned."""
     import multiprocessing as mp
 
-    if not usable():
+    global _server_env
+    now = {k: os.environ.get(k) for k in IMPORT_TIME_ENV}
+    if not usable() or _server_env not in (None, now):
         return mp.get_context("spawn")
+    _server_env = now
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([m for m in PRELOAD if not m.startswith("ipyparallel")] + ["ddnb.testing"])
     return ctx
