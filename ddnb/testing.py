@@ -74,7 +74,7 @@ def _rank_main(rank, world_size, store_dir, conn, threads, timeout, hvd_env, bac
     while True:
         try:
             msg = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
+        except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone, or its kernel shuts down
             break
         if msg is None:
             break
