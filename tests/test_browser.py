@@ -106,8 +106,11 @@ class Lab:
             path = home / "settings" / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(value))
+        # IPYTHONDIR: ipyparallel's cluster files of its own, so that JupyterLab's ipyparallel
+        # extension does not act on the stale files of clusters killed elsewhere on this machine
         env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
-                   JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"))
+                   JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+                   IPYTHONDIR=str(home / "ipython"))
         self.log_path = home / "lab.log"
         for attempt in range(3):   # the free port can be taken between bind and listen
             self.port = _free_port()
