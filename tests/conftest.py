@@ -40,3 +40,25 @@ def horovod_available() -> bool:
 
 
 requires_horovod = pytest.mark.skipif(not horovod_available(), reason="Horovod with PyTorch is not installed")
+
+
+def bsp_reference(model_fn, workers: int, steps: int, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0):
+    """Single-process SGD on the N workers' batches concatenated (`worker_batch`, digits):
+    what every synchronous (BSP) parameter-server or all-reduce run must equal. Returns
+    the flat parameters (S,)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddnb.data import digits
+    from ddnb.models import flat_params
+    from ddnb.parameter_server.worker import worker_batch
+
+    train_set, _ = digits(seed=0)
+    model = model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for t in range(steps):
+        xs, ys = zip(*(worker_batch(train_set, w, workers, batch_size, t, seed) for w in range(workers)))
+        opt.zero_grad()
+        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    return flat_params(model)

@@ -217,6 +217,22 @@ def test_resize_reforms_the_world_and_stop_leaves_nothing():
     c.stop()  # idempotent
 
 
+def test_a_shrink_does_not_wait_on_an_engine_that_never_answers():
+    """Shutting engines down waits on no reply (a forked engine once lost its shutdown_reply
+    and the kernel waited forever): an engine that cannot answer (stopped) is killed, and
+    the shrink goes on."""
+    c = Cluster(n=2, timeout=30)
+    try:
+        victim = c.workers[1]
+        os.kill(victim["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        c._shutdown_engines([victim["engine_id"]])
+        assert time.monotonic() - t0 < 60      # 5 s grace, 5 s after SIGTERM, the controller's 30 s of heartbeats
+        assert gone([victim["pid"]])
+    finally:
+        c.stop()
+
+
 def test_context_manager_start_time_and_threads_override():
     t0 = time.monotonic()
     with Cluster(n=4, timeout=30, threads=3) as c:

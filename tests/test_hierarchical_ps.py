@@ -6,26 +6,16 @@ from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from ddnb.data import digits
+from conftest import bsp_reference
 from ddnb.models import flat_params, mlp
 from ddnb.parameter_server.hierarchical import hierarchical_bytes, hosts, train_hierarchical
-from ddnb.parameter_server.worker import worker_batch
 
 MODEL = partial(mlp, (64, 16, 10), seed=0)
 
 
-def _single_process(workers, steps, batch_size, lr, momentum, seed=0):
-    train_set, _ = digits(seed=0)
-    model = MODEL()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    for t in range(steps):
-        xs, ys = zip(*(worker_batch(train_set, w, workers, batch_size, t, seed) for w in range(workers)))
-        opt.zero_grad()
-        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
-        opt.step()
-    return flat_params(model)
+def _single_process(workers, steps, batch_size, lr, momentum=0.0, seed=0):
+    return bsp_reference(MODEL, workers, steps, batch_size, lr, momentum, seed)
 
 
 def _run(ranks_per_host, steps=4, trace=False):

@@ -5,6 +5,7 @@ benchmark turns a command line into a call of its module and prints a table (or 
     python -m ddnb.bench alltoall --workers 4 --sizes 4KB..16MB          # ddnb.bench.alltoall
     python -m ddnb.bench dp --workers 2 --models many_small              # ddnb.bench.dp
     python -m ddnb.bench compress --workers 4 --json                     # ddnb.bench.compress
+    python -m ddnb.bench ps --emulate 10gbe --workers 1,2,4,8            # ddnb.bench.ps
 
 Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
 """
@@ -127,6 +128,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     _add_dp_parser(sub)
     _add_pipeline_parser(sub)
     _add_compress_parser(sub)
+    __import__("ddnb.bench.ps", fromlist=["add_parser"]).add_parser(sub, _add_emulate_arguments)
     return parser
 
 

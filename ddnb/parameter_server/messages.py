@@ -104,12 +104,15 @@ def send_message(kind: int, dst: int, group, tracer: Tracer | None = None, paylo
 def refuse_emulation() -> None:
     """The parameter server is not emulated: in an emulated cluster (`ddnb.emulate`) every
     message carries its sender's emulated time, which a raw any-source receive would not
-    read. Raises on the rank that calls it (every rank calls it in `train`)."""
+    read. Raises on the rank that calls it (every rank calls it in `train`); the BSP step
+    with fixed peers (`ddnb.parameter_server.saturation`) is the emulated one."""
     from ddnb.emulate import current
 
     if current() is not None:
         raise NotImplementedError("the parameter server is not emulated (receiving from any source is not in "
-                                  "ddnb.emulate's message layer): run it in real mode")
+                                  "ddnb.emulate's message layer): run it in real mode, or use "
+                                  "ddnb.parameter_server.saturation.train_fixed_peers, the same BSP step with "
+                                  "fixed peers, which is emulated")
 
 
 def recv_any(tensor: torch.Tensor, group, tracer: Tracer | None = None, name=None) -> int:

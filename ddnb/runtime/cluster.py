@@ -261,11 +261,9 @@ class Cluster:
 
     def _shutdown_engines(self, engine_ids: list[int]) -> None:
         pids = [w["pid"] for w in self.workers if w["engine_id"] in engine_ids]
-        try:
-            self.client.shutdown(targets=engine_ids, block=True)
-        except Exception:
-            pass
-        _reap(pids, wait=5)
+        with contextlib.suppress(Exception):   # no waiting on replies: a lost one must not hang us
+            self.client.shutdown(targets=engine_ids, block=False)
+        _reap(pids, wait=5, grace=min(5.0, self.timeout))
         self._engine_pids.difference_update(pids)
         deadline = time.monotonic() + self.timeout
         while set(engine_ids) & set(self.client.ids) and time.monotonic() < deadline:

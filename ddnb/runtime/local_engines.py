@@ -100,12 +100,15 @@ def no_lap(name: str) -> None:
     """What `Cluster._form_world` times with outside a start (a resize)."""
 
 
-def reap(pids, wait: float) -> None:
-    """SIGTERM, then SIGKILL what is still there after `wait` seconds."""
+def reap(pids, wait: float, grace: float = 0.0) -> None:
+    """Give the processes `grace` seconds to exit by themselves (e.g. after a shutdown
+    request), then SIGTERM, then SIGKILL what is still there after `wait` seconds."""
     procs = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
+    if grace > 0:
+        _, procs = psutil.wait_procs(procs, timeout=grace)
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGTERM)

@@ -68,7 +68,8 @@ def command(k: int, parent: int, engine_args: list[str]) -> list[str]:
 
 
 def _engine(engine_args: list[str]) -> None:
-    """In a forked child: fresh random state, then an ipyparallel engine until shutdown."""
+    """In a forked child: fresh random state, then an ipyparallel engine until shutdown;
+    then SystemExit, which ends this process (it never returns)."""
     import random
 
     import torch
@@ -81,20 +82,20 @@ def _engine(engine_args: list[str]) -> None:
     sys.argv = ["ipengine", *engine_args]
     from ipyparallel.engine.app import IPEngine
 
-    code = 0
     try:
         IPEngine.launch_instance(argv=engine_args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
+    except SystemExit:
+        raise
     except BaseException:
         import traceback
 
         traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        raise SystemExit(1) from None
+    # Leave as a spawned engine does, through the interpreter's exit (never back into the
+    # zygote's loop: SystemExit unwinds `main`), so that zmq sends what is still queued. An
+    # os._exit here dropped the engine's shutdown_reply now and then, and the kernel's
+    # Client.shutdown(block=True) waited for it forever (tests/test_browser.py hung at a resize).
+    raise SystemExit(0)
 
 
 def main(argv: list[str]) -> int:

@@ -142,3 +142,30 @@ class ParameterServerExplorer:
         from IPython.display import display
 
         display(self.widget)
+
+
+def plot_saturation(result: dict, ax=None, title: str = ""):
+    """Step time against workers from `ddnb.parameter_server.saturation.server_vs_ring`:
+    one line per strategy (1, 2, ... servers; the ring), the run as points and, when
+    emulated, the model as a dashed line of the same colour. Returns the Axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    groups = {}
+    for r in result["rows"]:
+        name = f"{r['servers']} server{'s' if r['servers'] > 1 else ''}" if r["strategy"] == "server" else "ring all-reduce"
+        groups.setdefault(name, []).append(r)
+    for name, rows in groups.items():
+        ns = [r["workers"] for r in rows]
+        line, = ax.plot(ns, [r["step_time"] * 1e3 for r in rows], "o", label=f"{name} (run)")
+        if "model_step_time" in rows[0]:
+            ax.plot(ns, [r["model_step_time"] * 1e3 for r in rows], "--", color=line.get_color(), label=f"{name} (model)")
+    emulated = "model_step_time" in result["rows"][0]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["workers"] for r in result["rows"]}))
+    ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+    ax.set_xlabel("workers")
+    ax.set_ylabel(f"step time ({'emulated ' if emulated else ''}ms)")
+    ax.set_title(title or result["profile"].split(";")[0], fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
