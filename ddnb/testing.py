@@ -9,9 +9,9 @@
 
     assert run_world(3, allreduce_rank) == [3.0, 3.0, 3.0]
 
-Each rank is a spawned process (with DDNB_ENGINE_START=fork on Linux, forked from the standard
-library's fork server with torch imported: `ddnb.runtime.zygote.mp_context`) with cores / n
-intra-op threads, at least 1
+Each rank is a process forked from the standard library's fork server with torch imported
+(Linux; `ddnb.runtime.zygote.mp_context`; spawned elsewhere or with DDNB_ENGINE_START=spawn),
+with cores / n intra-op threads, at least 1
 (`ddnb.runtime.worker.threads_for`; `threads=` or $DDNB_THREADS overrides it), joined
 through a FileStore in a fresh temporary folder (no port to collide). `World(n)` keeps
 the processes (and their process group) alive across calls, which is what makes

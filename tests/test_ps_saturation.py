@@ -10,7 +10,7 @@ import torch
 from conftest import bsp_reference
 from ddnb.data import digits
 from ddnb.models import mlp
-from ddnb.parameter_server.saturation import model_step_time, server_vs_ring, train_fixed_peers
+from ddnb.parameter_server.saturation import charged_compute, model_step_time, server_vs_ring, train_fixed_peers
 
 MODEL = partial(mlp, (64, 16, 10), seed=0)
 
@@ -59,11 +59,27 @@ def test_emulated_the_server_link_saturates_and_shards_share_it():
 
 
 def test_model_step_time_by_hand():
-    # k = 1: (N + 1) tau + c + U; k = 2: (N + 3) tau_2 + c + U/2; ring: 2(N - 1)(alpha + S/(N B)) + c + U
+    # k = 1: (N + 1) tau + c + U_1; k = 2: (N + 3) tau_2 + c + U_2; ring: 2(N - 1)(alpha + S/(N B)) + c + U
     assert model_step_time("server", 4, 1, 1000, 1e-3, 1e6, 0.5, 0.2) == pytest.approx(5 * 2e-3 + 0.7)
-    assert model_step_time("server", 4, 2, 1000, 1e-3, 1e6, 0.5, 0.2) == pytest.approx(7 * 1.5e-3 + 0.6)
+    assert model_step_time("server", 4, 2, 1000, 1e-3, 1e6, 0.5, 0.1) == pytest.approx(7 * 1.5e-3 + 0.6)
     assert model_step_time("ring", 4, 1, 1000, 1e-3, 1e6, 0.5, 0.2) == pytest.approx(6 * 1.25e-3 + 0.7)
     assert model_step_time("ring", 1, 1, 1000, 1e-3, 1e6, 0.5, 0.2) == pytest.approx(0.7)
+
+
+def test_the_model_charges_what_each_role_runs():
+    """c, U_k and U from the operations run here on the profile's device: a server's update
+    grows with the gradients it averages and shrinks with its shard, a ring worker's with
+    its additions; each is positive and the compute is at least forward + backward."""
+    from ddnb.cost.dp_step import compute_times
+    from ddnb.emulate import get_profile
+
+    train_set, _ = digits(seed=0)
+    got = charged_compute("10gbe", MODEL, train_set, batch_size=16)
+    x, y = train_set.x[:16], train_set.y[:16]
+    ct = compute_times(MODEL(), x, y, torch.nn.functional.cross_entropy, get_profile("10gbe"))
+    assert got["compute"] >= ct.forward + ct.backward > 0
+    assert got["server_update"](8, 1) > got["server_update"](2, 1) > got["server_update"](2, 2) > 0
+    assert got["ring_update"](8) > got["ring_update"](2) > got["ring_update"](1) > 0
 
 
 def test_bad_arguments_are_named_together(world):

@@ -73,6 +73,17 @@ class _Charge(TorchDispatchMode):
         return out
 
 
+def charged_time(fn, profile) -> float:
+    """Seconds of `profile`'s device for the aten operations `fn()` runs here, each charged
+    as the emulator charges it (the roofline above); fn runs for real, in this process."""
+    from ddnb.emulate import get_profile
+
+    mode = _Charge(get_profile(profile))
+    with mode:
+        fn()
+    return mode.t
+
+
 def compute_times(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn, profile,
                   lr: float = 0.01) -> ComputeTimes:
     """Charge one step of `model` (forward, loss, backward, SGD step) on `profile`'s device.

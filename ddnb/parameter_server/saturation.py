@@ -28,11 +28,13 @@ servers just as the previous worker's have passed, so the last one lands at
     T_server(N, k) = (N - 1 + 2k) tau_k + c + U_k        grows as N S / (k B): the server's link
     T_ring(N)      = 2(N - 1)(alpha + S/(N B)) + c + U   (Thakur et al. 2005, Sec. 4.5)
 
-with c the workers' forward and backward and U the optimizer step (U_k on 1/k of the
-parameters), charged on the profile's device as the emulator charges them
-(`ddnb.cost.dp_step.compute_times`). Left out of the model: the server's mean over N
-gradients (memory-bound, N S/k bytes read), and the ring's additions. The emulated times
-are not computed from these formulas: they come out of the real messages and waits.
+with c a worker's compute (loading the parameters into its model, forward, backward,
+flattening the gradient), U_k a server's (copying its shard to send, the mean of the N
+gradient shards, the SGD step) and U a ring worker's (the N - 1 additions and the division
+of its chunk, the SGD step): each is the aten operations that role runs, run once in this
+process and charged on the profile's device as the emulator charges them
+(`ddnb.cost.dp_step.charged_time`). The emulated times are not computed from these
+formulas: they come out of the real messages and waits.
 Taught in `notebooks/04_parameter_server.ipynb`.
 """
 from __future__ import annotations
@@ -130,9 +132,8 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
 
 def model_step_time(strategy: str, workers: int, servers: int, param_bytes: int, alpha: float, bandwidth: float,
                     compute: float, update: float) -> float:
-    """Seconds of one BSP step by the model above: T_server(N, k) or T_ring(N). compute:
-    a worker's forward and backward (c); update: the optimizer step on all S bytes (U; a
-    server's is U/k)."""
+    """Seconds of one BSP step by the model above: T_server(N, k) or T_ring(N). compute: a
+    worker's (c); update: a server's (U_k) or a ring worker's (U), as `charged_compute`."""
     with Checks("model_step_time") as check:
         check.choice("strategy", strategy, STRATEGIES)
         check.integer("workers", workers, min=1)
@@ -142,9 +143,42 @@ def model_step_time(strategy: str, workers: int, servers: int, param_bytes: int,
         check.number("bandwidth", bandwidth, positive=True)
     n, k, s = workers, servers, param_bytes
     if strategy == "server":
-        return (n - 1 + 2 * k) * (alpha + s / k / bandwidth) + compute + update / k
+        return (n - 1 + 2 * k) * (alpha + s / k / bandwidth) + compute + update
     ring = 2 * (n - 1) * (alpha + s / n / bandwidth) if n > 1 else 0.0
     return ring + compute + update
+
+
+def charged_compute(profile, model_fn, dataset, batch_size: int = 32, lr: float = 0.05) -> dict:
+    """The model's compute, from the operations each role runs (above), on `profile`'s
+    device: {"compute": c, "server_update": fn(N, k) -> U_k, "ring_update": fn(N) -> U}."""
+    from ddnb.cost.dp_step import charged_time
+
+    dataset = dataset if isinstance(dataset, Dataset) else Dataset(*dataset)
+    model = model_fn()
+    params = flat_params(model).clone()                            # (S,)
+    x, y = worker_batch(dataset, 0, 1, batch_size, 0, 0)
+    compute = charged_time(lambda: forward_backward(model, params, x, y, F.cross_entropy), profile)
+
+    def sgd_step(n: int) -> float:
+        w = torch.nn.Parameter(torch.zeros(n))
+        opt = torch.optim.SGD([w], lr=lr)
+        w.grad = torch.zeros(n)
+        return charged_time(opt.step, profile)
+
+    def server_update(workers: int, servers: int) -> float:
+        shard = params[:-(-params.numel() // servers)]                  # (S/k,), the largest shard
+        grads = [torch.zeros_like(shard) for _ in range(workers)]
+        return (charged_time(lambda: (shard.detach().clone(), torch.stack(grads).mean(0)), profile)
+                + sgd_step(shard.numel()))
+
+    def ring_update(workers: int) -> float:
+        if workers == 1:
+            return sgd_step(params.numel())
+        chunk = torch.zeros(-(-params.numel() // workers))              # (S/N,)
+        adds = charged_time(lambda: chunk.add_(chunk), profile)
+        return (workers - 1) * adds + charged_time(lambda: chunk.div_(workers), profile) + sgd_step(params.numel())
+
+    return {"compute": compute, "server_update": server_update, "ring_update": ring_update}
 
 
 def _median(ts):
@@ -160,12 +194,10 @@ def server_vs_ring(profile, model_fn, dataset, workers=(1, 2, 4, 8), servers=(1,
     the ranks, or a Profile), or None for real mode (this machine's processes and clock).
     Returns {"rows": [{strategy, servers (0 for the ring), workers, step_time (seconds,
     emulated or real: the median after the first step of the slowest rank's), and when
-    emulated model_step_time, error (run / model - 1)}], "same_params": the last server
+    emulated update (U_k or U), model_step_time, error (run / model - 1)}], "same_params": the last server
     run's shards joined equal the ring's parameters (1e-6), "param_bytes", "emulation":
-    the overrun summary, "profile": the cluster in words, and when emulated "compute" (c)
-    and "update" (U), the model's seconds of a worker's forward and backward and of the
-    optimizer step}."""
-    from ddnb.cost.dp_step import compute_times
+    the overrun summary, "profile": the cluster in words, and when emulated "compute" (c,
+    the model's seconds of a worker's compute)}."""
     from ddnb.emulate import get_profile, summary
     from ddnb.testing import World
 
@@ -178,8 +210,7 @@ def server_vs_ring(profile, model_fn, dataset, workers=(1, 2, 4, 8), servers=(1,
     model = model_fn()
     param_bytes = flat_params(model).numel() * 4
     if emulated is not None:
-        x, y = worker_batch(dataset, 0, 1, batch_size, 0, 0)
-        ct = compute_times(model, x, y, F.cross_entropy, emulated, lr=lr)
+        charged = charged_compute(emulated, model_fn, dataset, batch_size, lr)
     rows, last = [], {}
     with World(max(servers) + max(workers), emulate=profile, timeout=timeout) as world:
         for n in workers:
@@ -190,8 +221,10 @@ def server_vs_ring(profile, model_fn, dataset, workers=(1, 2, 4, 8), servers=(1,
                        "step_time": t}
                 if emulated is not None:
                     link = emulated.inter
+                    row["update"] = (charged["server_update"](n, k) if strategy == "server" else
+                                     charged["ring_update"](n))
                     row["model_step_time"] = model_step_time(strategy, n, k, param_bytes, link.alpha,
-                                                             link.bandwidth, ct.forward + ct.backward, ct.optimizer)
+                                                             link.bandwidth, charged["compute"], row["update"])
                     row["error"] = t / row["model_step_time"] - 1
                 rows.append(row)
                 last[strategy] = out
@@ -201,7 +234,7 @@ def server_vs_ring(profile, model_fn, dataset, workers=(1, 2, 4, 8), servers=(1,
     ring = next(r["params"] for r in last["ring"] if r["role"] == "worker")
     return {"rows": rows, "same_params": bool(torch.allclose(joined, ring, atol=1e-6, rtol=0)),
             "param_bytes": param_bytes, "emulation": emulation, "profile": described,
-            **({"compute": ct.forward + ct.backward, "update": ct.optimizer} if emulated is not None else {})}
+            **({"compute": charged["compute"]} if emulated is not None else {})}
 
 
 def _profile():

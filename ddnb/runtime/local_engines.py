@@ -51,15 +51,16 @@ def start_controller(start_timeout: float):
 def start_engines(cluster, client, k: int, threads: int, start_timeout: float) -> tuple[list[int], list[int]]:
     """Start k engines with `threads` intra-op threads each and wait until the controller
     lists them; (their engine ids, pids of helper processes to reap at stop: the zygote).
-    ipyparallel spawns each one; with DDNB_ENGINE_START=fork (Linux) they are forked from
-    one process that imported torch once (`ddnb.runtime.zygote`)."""
+    On Linux they are forked from one process that imported torch once
+    (`ddnb.runtime.zygote`); elsewhere, or with DDNB_ENGINE_START=spawn, ipyparallel spawns
+    each one."""
     # Local engines see the modules the notebook sees (a helpers.py beside it, a test file).
     path = [p for p in sys.path if p and os.path.isdir(p)]
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys([os.getcwd()] + path))}
     before = set(client.ids)
     proc = None
-    if zygote.usable(default="spawn"):
+    if zygote.usable():
         log_dir = os.path.join(cluster.profile_dir, "log")
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, f"ddnb-engines-{cluster.cluster_id}.log"), "ab") as log:

@@ -11,8 +11,8 @@ otherwise draw the same "random" numbers as its siblings), and runs an ipyparall
 
 Safe because nothing the fork copies is running: the zygote starts no thread of its own,
 creates no zmq context or event loop, and never touches CUDA (it checks, and refuses, so a
-GPU engine initializes CUDA in its own process, as a spawned one does). Linux only, and opt-in
-for `ddnb.Cluster` (DDNB_ENGINE_START=fork, see `usable`); otherwise engines are spawned
+GPU engine initializes CUDA in its own process, as a spawned one does). Linux only (the
+default there); DDNB_ENGINE_START=spawn, macOS and Windows spawn the engines one by one
 (`local_engines.start_engines`).
 
 The zygote lives as long as its engines and reaps them. When the process that started it
@@ -34,18 +34,15 @@ IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "LD_PRELOAD", "PYTHONHASHSEED", "MALLO
 _server_env: dict | None = None     # IMPORT_TIME_ENV when this process's fork server started
 
 
-def usable(default: str = "fork") -> bool:
-    """Whether processes are forked here: on Linux, when DDNB_ENGINE_START is "fork"
-    (`default` when unset). Both `ddnb.Cluster`'s engines and `ddnb.testing.World`'s ranks
-    default to "spawn": with forking on, JupyterLab driving notebook 00 (tests/test_browser.py)
-    hung at a resize in 4 of about 25 runs, cause not found (also with only World's ranks
-    forked); `DDNB_ENGINE_START=fork` opts in."""
-    return sys.platform.startswith("linux") and os.environ.get("DDNB_ENGINE_START", default) == "fork"
+def usable() -> bool:
+    """Whether processes are forked here: on Linux, unless DDNB_ENGINE_START=spawn. Used for
+    `ddnb.Cluster`'s local engines and `ddnb.testing.World`'s ranks."""
+    return sys.platform.startswith("linux") and os.environ.get("DDNB_ENGINE_START", "fork") != "spawn"
 
 
 def mp_context():
     """The multiprocessing context `ddnb.testing.World` starts its ranks with: with
-    DDNB_ENGINE_START=fork on Linux the standard library's fork server with the same modules preloaded (started once per
+    Linux the standard library's fork server with the same modules preloaded (started once per
     process, reused by every later World); "spawn" elsewhere or with DDNB_ENGINE_START=spawn.
     Each rank takes the parent's environment as it is at the World's start; variables that
     act when torch is imported (IMPORT_TIME_ENV) cannot change in a process that has it
@@ -54,7 +51,7 @@ def mp_context():
 
     global _server_env
     now = {k: os.environ.get(k) for k in IMPORT_TIME_ENV}
-    if not usable(default="spawn") or _server_env not in (None, now):
+    if not usable() or _server_env not in (None, now):
         return mp.get_context("spawn")
     _server_env = now
     ctx = mp.get_context("forkserver")
