@@ -25,7 +25,6 @@ No notebook teaches it: it is the harness of tests/; notebooks use `ddnb.Cluster
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import shutil
 import sys
