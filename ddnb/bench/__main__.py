@@ -7,7 +7,8 @@ benchmark turns a command line into a call of its module and prints a table (or 
     python -m ddnb.bench compress --workers 4 --json                     # ddnb.bench.compress
     python -m ddnb.bench ps --emulate 10gbe --workers 1,2,4,8            # ddnb.bench.ps
 
-Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
+Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb` (`ps` in
+`notebooks/04_parameter_server.ipynb`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import sys
 
 from ddnb.bench import allreduce as ar
+from ddnb.bench import ps
 from ddnb.bench.allreduce import ALLREDUCE_ALGORITHMS, GB, format_size, format_time, parse_sizes
 from ddnb.bench.args import _at_least, _ints, _load, _names, _sizes
 
@@ -128,7 +130,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     _add_dp_parser(sub)
     _add_pipeline_parser(sub)
     _add_compress_parser(sub)
-    __import__("ddnb.bench.ps", fromlist=["add_parser"]).add_parser(sub, _add_emulate_arguments)
+    ps.add_parser(sub, _add_emulate_arguments)
     return parser
 
 
