@@ -4,7 +4,10 @@ mode, overruns are reported, and bad profiles fail before any process starts.
 
 Times here are emulated, so they do not depend on this machine's speed; the profile's
 alpha and slowdown are large enough (20 ms of real time per message) that the real work
-fits inside them even on a loaded machine. Speed targets live in the benchmarks."""
+fits inside them on a quiet machine. On a loaded one a rank can still wake late (an
+overrun, counted in emulated seconds): it only ever adds time, so the checks below allow a
+time above its model by at most the overruns of all ranks during the run (`on_model`).
+Speed targets live in the benchmarks."""
 import psutil
 import pytest
 import torch
@@ -16,6 +19,19 @@ from ddnb.testing import World
 
 ALPHA, BW, PEAK = 1e-3, 1e8, 1e9     # 1 ms, 100 MB/s, 1 GFLOP/s; x slowdown 20 = 20 ms real per message
 SLOW = custom(alpha=ALPHA, bandwidth=BW, peak_flops=PEAK, efficiency=1.0, memory_bandwidth=1e12, slowdown=20)
+
+
+def overran(w, fn, *args):
+    """fn(*args) on every rank of `w`, and the emulated seconds all ranks overran meanwhile."""
+    before = sum(r["overrun_time"] for r in w.emulation_reports())
+    out = w.run(fn, *args)
+    return out, sum(r["overrun_time"] for r in w.emulation_reports()) - before
+
+
+def on_model(got: float, model: float, late: float, rel: float) -> bool:
+    """`got` is the model's time give or take `rel`, plus at most `late` seconds of overruns
+    (exactly the model when nothing overran)."""
+    return model * (1 - rel) <= got <= model * (1 + rel) + late
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +60,8 @@ def _pingpong(nbytes):
 
 @pytest.mark.parametrize("nbytes", [4, 400_000])
 def test_a_message_takes_alpha_plus_n_over_b(world, nbytes):
-    one_way = world.run(_pingpong, nbytes)[0]
-    assert one_way == pytest.approx(ALPHA + nbytes / BW, rel=0.05)
+    (one_way, *_), late = overran(world, _pingpong, nbytes)
+    assert on_model(one_way, ALPHA + nbytes / BW, late, rel=0.05)
 
 
 def _two_sends(nbytes):
@@ -66,10 +82,10 @@ def _two_sends(nbytes):
 
 def test_sends_from_one_rank_share_its_link(world):
     n = 200_000
-    sender, first, second = world.run(_two_sends, n)
-    assert first == pytest.approx(ALPHA + n / BW, rel=0.02)           # the first message has the link alone
-    assert second == pytest.approx(2 * (ALPHA + n / BW), rel=0.02)    # the second waits for the first's alpha + n/B
-    assert sender == pytest.approx(2 * (ALPHA + n / BW), rel=0.02)    # the sender's link is busy until then
+    (sender, first, second), late = overran(world, _two_sends, n)
+    assert on_model(first, ALPHA + n / BW, late, rel=0.02)           # the first message has the link alone
+    assert on_model(second, 2 * (ALPHA + n / BW), late, rel=0.02)    # the second waits for the first's alpha + n/B
+    assert on_model(sender, 2 * (ALPHA + n / BW), late, rel=0.02)    # the sender's link is busy until then
 
 
 def _matmul(m, k, n):
@@ -82,9 +98,9 @@ def _matmul(m, k, n):
 
 
 def test_a_paced_matmul_takes_its_flops_over_peak(world):
-    took, flops = world.run(_matmul, 64, 128, 96)[0]
+    ((took, flops), *_), late = overran(world, _matmul, 64, 128, 96)
     assert flops >= 2 * 64 * 128 * 96
-    assert took == pytest.approx(2 * 64 * 128 * 96 / PEAK, rel=0.05)
+    assert on_model(took, 2 * 64 * 128 * 96 / PEAK, late, rel=0.05)
 
 
 def _traced_matmul(m, k, n):
@@ -187,8 +203,9 @@ def test_the_allreduce_bench_runs_emulated_and_says_so():
     rows, model = allreduce_benchmark(2, [4096, 65536], ["ring", "torch"], fit=True, emulate=SLOW, timeout=120)
     assert {r["emulated"] for r in rows} == {"custom"} and "emulated 'custom'" in model["emulation"]
     for r in rows:
-        if r["algorithm"] == "torch":
-            assert r["time"] == pytest.approx(allreduce_time("ring", r["size"], 2, ALPHA, 1 / BW, 0.0), rel=0.05)
+        if r["algorithm"] == "torch":   # slower only when the row counted an overrun
+            ring = allreduce_time("ring", r["size"], 2, ALPHA, 1 / BW, 0.0)
+            assert r["time"] == pytest.approx(ring, rel=0.05) if r["overruns"] == 0 else r["time"] >= ring * 0.95
     # A row measured without an overrun is the profile's time exactly (emulated time is
     # computed, not read off a clock); an overrun (a hiccup of this machine longer than the
     # tolerance) only ever makes a row slower, and the model is fitted to the clean rows.
@@ -289,10 +306,12 @@ def test_a_world_switches_profile_and_back_to_real_mode():
     fast = custom(alpha=ALPHA / 2, bandwidth=BW * 4, peak_flops=PEAK, efficiency=1.0, memory_bandwidth=1e12,
                   slowdown=20, name="fast")
     with World(2, emulate=SLOW, timeout=120) as w:
-        assert w.run(_pingpong, 400_000)[0] == pytest.approx(ALPHA + 400_000 / BW, rel=0.05)
+        (one_way, *_), late = overran(w, _pingpong, 400_000)
+        assert on_model(one_way, ALPHA + 400_000 / BW, late, rel=0.05)
         w.emulate_as(fast)
         assert w.emulate.name == "fast" and w.run(lambda: current().profile.name) == ["fast", "fast"]
-        assert w.run(_pingpong, 400_000)[0] == pytest.approx(ALPHA / 2 + 400_000 / (4 * BW), rel=0.05)
+        (one_way, *_), late = overran(w, _pingpong, 400_000)
+        assert on_model(one_way, ALPHA / 2 + 400_000 / (4 * BW), late, rel=0.05)
         w.emulate_as(None)
         assert w.emulate is None and w.run(lambda: current() is None) == [True, True]
         with pytest.raises(ValueError, match="slowdown"):
@@ -386,8 +405,9 @@ def test_an_all_gather_takes_the_rings_time_and_each_op_its_launch_overhead():
     op_overhead is added to every charged operation."""
     n, nbytes, overhead = 3, 100_000, 2e-3
     with World(n, emulate=SLOW.with_(op_overhead=overhead), timeout=60) as w:
-        for gathered, op, ok in w.run(_gather_and_ops, nbytes):
-            assert ok and gathered == pytest.approx((n - 1) * (ALPHA + nbytes / BW), rel=0.02)
-            assert op == pytest.approx(overhead + 3 * nbytes / 1e12, rel=0.02)
+        ranks, late = overran(w, _gather_and_ops, nbytes)
+        for gathered, op, ok in ranks:
+            assert ok and on_model(gathered, (n - 1) * (ALPHA + nbytes / BW), late, rel=0.02)
+            assert on_model(op, overhead + 3 * nbytes / 1e12, late, rel=0.02)
     with pytest.raises(ValueError, match="op_overhead"):
         SLOW.with_(op_overhead=-1.0)
