@@ -19,7 +19,7 @@ import sys
 from ddnb.bench import allreduce as ar
 from ddnb.bench import ps
 from ddnb.bench.allreduce import ALLREDUCE_ALGORITHMS, GB, format_size, format_time, parse_sizes
-from ddnb.bench.args import _at_least, _ints, _load, _names, _sizes
+from ddnb.bench.args import _at_least, _ints, _load, _names, _sizes, add_emulate_arguments, emulated
 
 
 def _add_timing_arguments(p) -> None:
@@ -34,39 +34,10 @@ def _add_timing_arguments(p) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log each measurement to stderr")
 
 
-def _add_emulate_arguments(p) -> None:
-    from ddnb.emulate import PROFILES
-
-    p.add_argument("--emulate", metavar="PROFILE", choices=sorted(PROFILES),
-                   help=f"run in an emulated cluster ({', '.join(sorted(PROFILES))}; ddnb.emulate): every time "
-                        "is then the profile's emulated seconds")
-    p.add_argument("--slowdown", type=_at_least(0.0, float),
-                   help="real seconds per emulated second (default: the profile's); raise it if the run "
-                        "reports overruns")
-
-
-def _emulated(parser, args):
-    """The emulated profile the command line asks for (None: real mode)."""
-    if args.emulate is None:
-        if args.slowdown is not None:
-            parser.error("--slowdown needs --emulate")
-        return None
-    from ddnb.emulate import get_profile
-
-    from ddnb.runtime.placement import scaled_slowdown
-
-    profile = get_profile(args.emulate)
-    if args.slowdown:
-        return profile.with_(slowdown=args.slowdown)
-    workers = getattr(args, "workers", None) or getattr(args, "stages", 1)   # the largest world of the run
-    workers = max(workers) if isinstance(workers, list) else workers
-    return profile.with_(slowdown=scaled_slowdown(profile.slowdown, workers))
-
-
 def _cmd_allreduce(parser, args) -> int:
     from ddnb.runtime.horovod import horovod_available
 
-    emulate = _emulated(parser, args)
+    emulate = emulated(parser, args)
     algorithms = args.algorithms or [a for a in ALLREDUCE_ALGORITHMS
                                      if a != "horovod" or (horovod_available() and emulate is None)]
     unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
@@ -124,13 +95,13 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     p.add_argument("--fit", action="store_true", help="fit alpha, beta (ping-pong, sendrecv) and gamma (local "
                                                       "add) and print the model's time beside the measured one")
     _add_timing_arguments(p)
-    _add_emulate_arguments(p)
+    add_emulate_arguments(p)
     p.set_defaults(run=_cmd_allreduce, parser=p)
     _add_alltoall_parser(sub)
     _add_dp_parser(sub)
     _add_pipeline_parser(sub)
     _add_compress_parser(sub)
-    ps.add_parser(sub, _add_emulate_arguments)
+    ps.add_parser(sub)
     return parser
 
 
@@ -202,7 +173,7 @@ def _add_dp_parser(sub) -> None:
     p.add_argument("--timeout", type=_at_least(0.0, float), default=600,
                    help="seconds before a stuck world is killed (default 600)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    _add_emulate_arguments(p)
+    add_emulate_arguments(p)
     p.set_defaults(run=_cmd_dp, parser=p)
 
 
@@ -211,7 +182,7 @@ def _cmd_dp(parser, args) -> int:
     from ddnb.data_parallel.naive import allreduce_names
     from ddnb.runtime.horovod import horovod_available
 
-    emulate = _emulated(parser, args)
+    emulate = emulated(parser, args)
     scaling = len(args.workers) > 1
     if not scaling and args.workers[0] < 2:
         parser.error("--workers: need an integer >= 2 workers (data parallelism over one rank syncs nothing), "
@@ -278,7 +249,7 @@ def _add_pipeline_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON (the header goes to stderr)")
     p.add_argument("--timeout", type=_at_least(0.0, float), default=900,
                    help="seconds before a stuck world is killed (default 900)")
-    _add_emulate_arguments(p)
+    add_emulate_arguments(p)
     p.set_defaults(run=_cmd_pipeline, parser=p)
 
 
@@ -294,7 +265,7 @@ def _schedules(text: str) -> list[str]:
 def _cmd_pipeline(parser, args) -> int:
     from ddnb.bench.pipeline import pipeline_benchmark, pipeline_table
 
-    emulate = _emulated(parser, args)
+    emulate = emulated(parser, args)
     if "interleaved" in args.schedules and any(m % args.stages for m in args.microbatches):
         parser.error(f"interleaved needs micro-batch counts that are multiples of --stages {args.stages}")
     out = sys.stderr if args.json else sys.stdout

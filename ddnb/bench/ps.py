@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import sys
 
-from ddnb.bench.args import _at_least, _ints, _load
+from ddnb.bench.args import _at_least, _ints, _load, add_emulate_arguments, emulated
 
 
-def add_parser(sub, add_emulate_arguments) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("ps", help="parameter server against ring all-reduce: step time per worker count",
                        description=__doc__.split("\n\n")[1])
     p.add_argument("--workers", type=_ints, default=[1, 2, 4, 8], help="comma list (default 1,2,4,8)")
@@ -40,15 +40,10 @@ def run(parser, args) -> int:
     from functools import partial
 
     from ddnb.data import digits
-    from ddnb.emulate import get_profile
     from ddnb.models import mlp
     from ddnb.parameter_server.saturation import server_vs_ring, table
 
-    if args.emulate is None and args.slowdown is not None:
-        parser.error("--slowdown needs --emulate")
-    profile = args.emulate    # a name: the World scales its slowdown with the ranks
-    if args.slowdown:
-        profile = get_profile(args.emulate).with_(slowdown=args.slowdown)
+    profile = emulated(parser, args, ranks=max(args.servers) + max(args.workers))   # the World's ranks
     out = sys.stderr if args.json else sys.stdout
     print(f"BSP on digits, MLP 64-{args.width}-64-10, batch 32 per worker, {args.steps} steps per run; "
           f"{_load()}", file=out, flush=True)

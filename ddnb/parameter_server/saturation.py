@@ -47,6 +47,7 @@ from ddnb._checks import Checks
 from ddnb.collectives import p2p
 from ddnb.data import Dataset
 from ddnb.models import flat_params
+from ddnb.parameter_server.messages import message_device
 from ddnb.parameter_server.worker import forward_backward, worker_batch
 from ddnb.trace import Tracer, get_tracer
 
@@ -64,7 +65,9 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
     """Call on every rank of a world of at least `servers + workers` ranks (roles above).
     Returns {"rank", "role" ("server"/"worker"/"idle"), "times" (seconds from each step's
     barrier to this rank's end of the step; emulated in an emulated cluster), "losses" (a
-    worker's), "params" (a server's shard, or a ring worker's whole copy)}."""
+    worker's), "params" (a server's shard, or a ring worker's whole copy)}. Every tensor lives
+    on `message_device()`: the host on gloo (and "cpu:gloo,cuda:nccl"), this rank's GPU on a
+    pure nccl group, where the compute then runs too."""
     from ddnb.collectives import ring_allreduce
     from ddnb.timing import barrier_and_clock
 
@@ -85,7 +88,8 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
     group = dist.new_group(ranks=worker_ranks) if strategy == "ring" else None   # every rank takes part
     role = ("server" if rank in server_ranks and strategy == "server" else
             "worker" if rank in worker_ranks else "idle")
-    model = model_fn()
+    device = message_device()     # the host, or this rank's GPU on a pure nccl group (nccl carries GPU tensors only)
+    model = model_fn().to(device)
     params = flat_params(model).clone()                            # (S,), the same start on every rank
     bounds = [(int(c[0]), int(c[-1]) + 1) for c in torch.arange(params.numel()).tensor_split(servers)]
     if role == "server":
@@ -109,7 +113,7 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
             optimizer.step()
         elif role == "worker":
             me = rank - servers
-            x, y = worker_batch(dataset, me, workers, batch_size, step, seed)
+            x, y = (t.to(device) for t in worker_batch(dataset, me, workers, batch_size, step, seed))
             if strategy == "server":
                 _wait(p2p.post([p2p.Op("recv", params[lo:hi], s, name="params")
                                 for s, (lo, hi) in zip(server_ranks, bounds)], tracer=tr))
@@ -126,7 +130,7 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
         times.append(clock() - start)
     out = {"rank": rank, "role": role, "times": times, "losses": losses}
     if role == "server" or (role == "worker" and strategy == "ring"):
-        out["params"] = weights.detach().clone()
+        out["params"] = weights.detach().cpu().clone()               # on the host, for the caller
     return out
 
 
