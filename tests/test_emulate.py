@@ -30,7 +30,7 @@ def overran(w, fn, *args):
 
 def on_model(got: float, model: float, late: float, rel: float) -> bool:
     """`got` is the model's time give or take `rel`, plus at most `late` seconds of overruns
-    (exactly the model when nothing overran)."""
+    (within `rel` of the model when nothing overran)."""
     return model * (1 - rel) <= got <= model * (1 + rel) + late
 
 
