@@ -12,18 +12,35 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root (containers, CI machines) unless told
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-unit test-notebooks test-gpu notebooks clean help
+.PHONY: setup learn lab test test-unit test-notebooks test-learner test-gpu notebooks clean help
 
 help:
-	@echo "make lab    set up $(VENV) (torch $(TORCH), Horovod), then open JupyterLab on notebooks/"
+	@echo "make lab    set up $(VENV) (torch $(TORCH), Horovod), copy the learner's edition into learn/, open JupyterLab there"
+	@echo "make lab RESET=05  copy chapter 05 into learn/ again (your old copy is kept in learn/.reset/)"
+	@echo "make test-learner  run every learner's copy (blank answers) top to bottom: none may fail"
 	@echo "make test   set up, then run every test and every notebook (nbval)"
 	@echo "make notebooks  re-run every notebook in place, storing its outputs (on a quiet machine only)"
 
 setup:
 	@PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup.sh
 
-lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
+# The learner's edition: notebooks/ with every answer cell (tagged `solution`) replaced by its
+# stub and no outputs, copied once into learn/ (git-ignored): a learner's work is never
+# overwritten; RESET=05 (or 05,09) copies those chapters again. The solved notebooks stay
+# in notebooks/; ddnb.exercises.solution("05.1") prints one answer.
+RESET ?=
+learn: setup
+	$(PY) -m ddnb.exercises.edition --into learn $(if $(RESET),--reset $(RESET),)
+
+lab: learn
+	$(VENV)/bin/jupyter lab --notebook-dir=learn $(ROOT_ARGS) $(LAB_ARGS)
+
+# Every learner's copy, built afresh, runs top to bottom without an error (checkers given a
+# stub print "not attempted yet" and the notebook runs on). `make test` runs three chapters
+# of it (tests/test_learner_edition.py); this runs all of them.
+test-learner: setup
+	rm -rf .learn-test && $(PY) -m ddnb.exercises.edition --into .learn-test
+	$(NB_ENV) $(PY) -m pytest .learn-test --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
 # Two runs: the unit and multi-process tests' worlds (processes kept for the whole session)
 # are gone before the notebooks start their own clusters.

@@ -8,16 +8,20 @@ LLM-Training-Puzzles' checkers, on a real process group).
 
 `core` holds the shared runner (deadline, errors) and comparison; each chapter's checkers
 live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter module>`.
+Every checker takes `exercise="05.1"`; given the learner's stub it prints "Exercise 05.1 not
+attempted yet: ..." and the notebook runs on. `solution("05.1")` prints a model answer
+from the solved edition (`ddnb.exercises.edition`, which also builds the learner's copies).
 Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression.ipynb`,
 three or more per notebook.
 """
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_bytes, check_topk_error_feedback
 from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes
-from ddnb.exercises.core import close_worlds, compare, passed, run_on_ranks
+from ddnb.exercises.core import attempted, checker, close_worlds, compare, passed, run_on_ranks
 from ddnb.exercises.data_parallel import check_comm_hook
 from ddnb.exercises.data_pipeline import check_bound, check_rank_spans, check_read_bandwidth
 from ddnb.exercises.elastic import check_remaining_indices
+from ddnb.exercises.edition import solution
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 from ddnb.exercises.first_steps import check_sum_over_ranks
 from ddnb.exercises.flops import check_flops_per_token
@@ -29,10 +33,16 @@ from ddnb.exercises.sharding import check_zero1_step
 from ddnb.exercises.tasks import check_task_map
 from ddnb.exercises.tensor_parallel import check_column_parallel
 
-__all__ = ["check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
+# Every checker takes `exercise="05.1"` and answers a learner's stub with one line
+# ("Exercise 05.1 not attempted yet: ..."), so a learner's copy runs top to bottom.
+for _name in [n for n in dir() if n.startswith("check_")]:
+    globals()[_name] = checker(globals()[_name])
+del _name
+
+__all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
            "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dropped_tokens",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
            "check_remaining_indices", "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks",
            "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "close_worlds", "compare",
-           "passed", "run_on_ranks"]
+           "passed", "run_on_ranks", "solution"]

@@ -20,6 +20,8 @@ Used by every `check_*` in `ddnb.exercises`; taught from `notebooks/05_allreduce
 from __future__ import annotations
 
 import atexit
+import functools
+import re
 
 import torch
 
@@ -75,6 +77,8 @@ def run_on_ranks(fn, world_size: int, *args, what: str = "your function",
             f"with isend/irecv, or let even ranks send first)") from None
     except WorkerError as e:
         last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
+        if last.startswith("NotImplementedError"):       # the learner's stub, run on a rank
+            raise NotImplementedError(last.split(":", 1)[-1].strip()) from None
         raise AssertionError(f"{what} raised on rank {e.rank}: {last}") from None
     except WorkerLostError as e:
         raise AssertionError(f"{what}: rank(s) {e.ranks} died (the process exited): {e}") from None
@@ -117,5 +121,64 @@ class Passed(str):
 def passed(name: str, detail: str) -> Passed:
     """Print and return the one-line success message of a checker."""
     msg = Passed(f"✓ {name}: {detail}")
+    print(msg)
+    return msg
+
+
+class NotAttempted(Passed):
+    """What a checker answers when given the learner's stub: one printed line, and the
+    notebook runs on (a learner's copy runs top to bottom before any answer is written)."""
+
+
+_ID = re.compile(r"Exercise\s+(\d+[a-z]?\.\d+)")
+
+
+def attempted(answer) -> bool:
+    """False for a stub of the learner's edition (`...`, or a function whose body raises
+    NotImplementedError("Exercise 05.1: ...")), True for anything else. For cells after an
+    exercise that use the learner's answer: `if attempted(my_ring_allreduce): ...`."""
+    if answer is Ellipsis:
+        return False
+    code = getattr(answer, "__code__", None)
+    if code is None:
+        return True
+    stub_text = any(isinstance(c, str) and _ID.search(c) for c in code.co_consts)
+    return not ("NotImplementedError" in code.co_names and stub_text)
+
+
+def checker(check):
+    """Decorate a `check_*`: an extra keyword `exercise="05.1"` names the exercise; given a
+    stub (a `...` answer, or a function that raises NotImplementedError) it prints
+    'Exercise 05.1 not attempted yet: ...' and returns instead of failing."""
+
+    @functools.wraps(check)
+    def wrapper(*args, exercise: str | None = None, **kwargs):
+        values = list(args) + list(kwargs.values())
+        if any(v is Ellipsis for v in values):
+            return not_attempted(exercise, "your answer cell still holds `...`: write your answer there, run "
+                                           "that cell, then this one")
+        stub = next((v for v in values if callable(v) and not attempted(v)), None)
+        if stub is not None:
+            return not_attempted(exercise or _id_in(stub), f"{getattr(stub, '__name__', 'your function')} is "
+                                 f"still the stub: write its body in the cell above, run it, then this cell")
+        try:
+            return check(*args, **kwargs)
+        except NotImplementedError as e:
+            if not _id_in(str(e)):          # not the stub's: a real error of the learner's code
+                raise AssertionError(f"your code raised NotImplementedError: {e}") from None
+            return not_attempted(exercise or _id_in(str(e)), str(e))
+
+    return wrapper
+
+
+def _id_in(obj) -> str | None:
+    texts = [obj] if isinstance(obj, str) else [c for c in getattr(getattr(obj, "__code__", None), "co_consts", ())
+                                                if isinstance(c, str)]
+    return next((m.group(1) for t in texts for m in [_ID.search(t)] if m), None)
+
+
+def not_attempted(exercise: str | None, why: str) -> NotAttempted:
+    """Print and return the one line of a checker given a stub."""
+    msg = NotAttempted(f"Exercise {exercise + ' ' if exercise else ''}not attempted yet: {why}")
     print(msg)
     return msg
