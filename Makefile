@@ -30,7 +30,7 @@ setup:
 # in notebooks/; ddnb.exercises.solution("05.1") prints one answer.
 RESET ?=
 learn: setup
-	$(PY) -m ddnb.exercises.edition --into learn $(if $(RESET),--reset $(RESET),)
+	$(PY) -m ddnb.exercises --into learn $(if $(RESET),--reset $(RESET),)
 
 lab: learn
 	$(VENV)/bin/jupyter lab --notebook-dir=learn $(ROOT_ARGS) $(LAB_ARGS)
@@ -39,7 +39,7 @@ lab: learn
 # stub print "not attempted yet" and the notebook runs on). `make test` runs three chapters
 # of it (tests/test_learner_edition.py); this runs all of them.
 test-learner: setup
-	rm -rf .learn-test && $(PY) -m ddnb.exercises.edition --into .learn-test
+	rm -rf .learn-test && $(PY) -m ddnb.exercises --into .learn-test
 	$(NB_ENV) $(PY) -m pytest .learn-test --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
 # Two runs: the unit and multi-process tests' worlds (processes kept for the whole session)

@@ -3,6 +3,7 @@ start blank, copies are never overwritten, a checker given a stub answers one li
 learner's copy runs top to bottom without an error (three chapters here, every chapter in
 `make test-learner`)."""
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -10,7 +11,7 @@ import pytest
 from nbclient import NotebookClient
 
 from ddnb.exercises import attempted, check_allreduce, check_prediction, solution
-from ddnb.exercises.edition import NOTEBOOKS, answer_cells, build, chapter_of, learner_copy, problems, source
+from ddnb.exercises.edition import NOTEBOOKS, answer_cells, build, chapter_of, exercise_id, learner_copy, problems, source
 
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
@@ -70,20 +71,20 @@ def test_a_heading_out_of_order_or_an_answer_without_a_stub_is_named():
 
 
 def test_solution_prints_the_solved_editions_answer(capsys):
-    text = solution("05.1")
+    text = solution("05.2")
     assert "def my_ring_allreduce" in text and "isend" in text
-    assert "Exercise 05.1, a model answer" in capsys.readouterr().out
+    assert "Exercise 05.2, a model answer" in capsys.readouterr().out
     with pytest.raises(ValueError, match="has the exercises"):
         solution("05.9")
 
 
 def test_a_checker_given_a_stub_says_not_attempted_and_returns(capsys):
     def my_ring_allreduce(tensor):
-        raise NotImplementedError("Exercise 05.1: write my_ring_allreduce")
+        raise NotImplementedError("Exercise 05.2: write my_ring_allreduce")
 
     assert not attempted(my_ring_allreduce) and not attempted(...) and attempted(3.0) and attempted(len)
     line = check_allreduce(my_ring_allreduce, world_size=3)
-    assert line.startswith("Exercise 05.1 not attempted yet") and "my_ring_allreduce" in line
+    assert line.startswith("Exercise 05.2 not attempted yet") and "my_ring_allreduce" in line
     line = check_prediction(..., 10.0, what="the sum", exercise="00.1")
     assert line.startswith("Exercise 00.1 not attempted yet")
     assert capsys.readouterr().out.count("not attempted yet") == 2
@@ -92,9 +93,9 @@ def test_a_checker_given_a_stub_says_not_attempted_and_returns(capsys):
 def test_a_stub_that_raises_only_on_the_ranks_is_not_attempted_either():
     def half_written(tensor):
         if tensor.numel() > 0:
-            raise NotImplementedError("Exercise 05.1: the all-gather half")
+            raise NotImplementedError("Exercise 05.2: the all-gather half")
 
-    assert check_allreduce(half_written, world_size=3).startswith("Exercise 05.1 not attempted yet")
+    assert check_allreduce(half_written, world_size=3).startswith("Exercise 05.2 not attempted yet")
 
 
 def test_a_real_not_implemented_error_is_a_failure_not_a_stub():
@@ -113,3 +114,16 @@ def test_a_learners_copy_runs_top_to_bottom_without_an_error(chapter, tmp_path):
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     said = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert said.count("not attempted yet") >= len(answer_cells(json.loads(path.read_text())))
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_every_exercise_is_checked_after_its_answer_cell(path):
+    """A prediction may come well before the cell that measures it; its check comes after both."""
+    nb = json.loads(path.read_text())
+    answered = {exercise_id(c): i for i, c in answer_cells(nb)}
+    checked = {}
+    for i, cell in enumerate(nb["cells"]):
+        for ex in re.findall(r'exercise="([^"]+)"', source(cell)) if cell["cell_type"] == "code" else []:
+            assert ex in answered and i > answered[ex], f"cell {i} checks exercise {ex} before its answer cell"
+            checked.setdefault(ex, i)
+    assert sorted(checked) == sorted(answered), "an exercise no checker call names"

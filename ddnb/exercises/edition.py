@@ -15,8 +15,8 @@ in each chapter, and every exercise heading says its id ("### Exercise 05.1 — 
 A copy is made once: `build` never overwrites a learner's work, except for the chapters
 named in `reset` (the old copy is kept under `learn/.reset/`).
 
-    python -m ddnb.exercises.edition                 # make learn: copy what is missing
-    python -m ddnb.exercises.edition --reset 05      # make lab RESET=05: copy chapter 05 again
+    python -m ddnb.exercises                 # make learn: copy what is missing
+    python -m ddnb.exercises --reset 05      # make lab RESET=05: copy chapter 05 again
     solution("05.1")                                 # print the answer, on request
 
 Used by `make learn` / `make lab` and `make test-learner`.
@@ -167,16 +167,17 @@ class _Shown(str):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ddnb.exercises.edition", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddnb.exercises", description=__doc__.split("\n\n")[0])
     p.add_argument("--src", default=str(NOTEBOOKS), help="the solved notebooks (default: %(default)s)")
     p.add_argument("--into", default=str(ROOT / "learn"), help="the learner's copies (default: %(default)s)")
     p.add_argument("--reset", default="", help="chapters to copy again, e.g. 05 or 05,09 (old copies kept)")
     p.add_argument("--chapters", default="", help="only these chapters, e.g. 00,03 (default: all)")
     a = p.parse_args(argv)
     split = lambda s: [c.strip() for c in s.split(",") if c.strip()]   # noqa: E731
-    for line in build(a.src, a.into, reset=split(a.reset), chapters=split(a.chapters) or None):
-        print(line)
+    try:
+        lines = build(a.src, a.into, reset=split(a.reset), chapters=split(a.chapters) or None)
+    except ValueError as e:
+        p.error(str(e))                 # one line and exit status 2, before anything is copied
+    print("\n".join(lines))
 
 
-if __name__ == "__main__":
-    main()
