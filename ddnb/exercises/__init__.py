@@ -22,6 +22,10 @@ from ddnb.exercises.data_parallel import check_comm_hook
 from ddnb.exercises.data_pipeline import check_bound, check_rank_spans, check_read_bandwidth
 from ddnb.exercises.elastic import check_remaining_indices
 from ddnb.exercises.edition import solution
+from ddnb.exercises.dpsgd import check_dpsgd
+from ddnb.exercises.fit import check_fit
+from ddnb.exercises.fusion import check_fusion
+from ddnb.exercises.partition import check_partition
 from ddnb.exercises.decentralized import check_bytes_prediction, check_gossip_step, check_spectral_gap
 from ddnb.exercises.first_steps import check_sum_over_ranks
 from ddnb.exercises.flops import check_flops_per_token
@@ -40,7 +44,8 @@ for _name in [n for n in dir() if n.startswith("check_")]:
 del _name
 
 __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
-           "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dropped_tokens",
+           "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dpsgd", "check_dropped_tokens",
+           "check_fit", "check_fusion", "check_partition",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
            "check_remaining_indices", "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks",
