@@ -11,6 +11,7 @@ and waits, each operation charged its modeled time).
     clock.py     Emulator (a worker's clock and links), activate, report, summary
     compute.py   PacedCompute: every torch operation charged its roofline time
     messages.py  send / recv / exchange with a header; torch collectives at the model's time
+    retry.py     without_overruns: run again at a higher slowdown until no rank overran
 
 Every time measured in emulated mode is emulated seconds of the profile, and is printed
 with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
@@ -19,6 +20,7 @@ with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
 from ddnb.emulate.clock import TOLERANCE, Emulator, activate, current, deactivate, report, resume, stamp, summary
 from ddnb.emulate.compute import uncounted
 from ddnb.emulate.profile import PROFILES, Link, Profile, custom, get_profile
+from ddnb.emulate.retry import overruns, without_overruns
 
 __all__ = ["PROFILES", "TOLERANCE", "Emulator", "Link", "Profile", "activate", "current", "custom", "deactivate",
-           "get_profile", "report", "resume", "stamp", "summary", "uncounted"]
+           "get_profile", "overruns", "report", "resume", "stamp", "summary", "uncounted", "without_overruns"]
