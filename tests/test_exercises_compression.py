@@ -1,5 +1,6 @@
-"""The compression chapter's checkers accept the solutions (and ddnb's own top-k) and
-reject typical wrong answers with the hint they promise."""
+"""The compression chapter's checkers accept the solutions and reject typical wrong
+answers with the hint they promise; the top-k checker refuses ddnb's own top-k and an
+all-reduce, and a dense all-gather on what it hands over."""
 import pytest
 import torch
 
@@ -7,7 +8,7 @@ from ddnb.exercises import check_accumulation_calls, check_powersgd_bytes, check
 from ddnb.exercises.solutions import compression as solutions
 
 
-def library_topk(grad, error, k):                  # ddnb.compression.topk's pieces
+def library_topk(grad, error, k):                  # ddnb.compression.topk's pieces: refused
     import torch.distributed as dist
 
     from ddnb.compression.comm import allgather
@@ -49,17 +50,64 @@ def largest_not_magnitude(grad, error, k):         # top-k of a, not |a|
     return out / dist.get_world_size(), err
 
 
+def dense_all_gather(grad, error, k):             # right values, but every rank gathers the dense gradient
+    import torch.distributed as dist
+
+    a = grad + error
+    n = dist.get_world_size()
+    everyone = [torch.empty_like(a) for _ in range(n)]
+    dist.all_gather(everyone, a)
+    mean = torch.zeros_like(a)
+    for other in everyone:
+        idx = other.abs().topk(k).indices
+        mean[idx] += other[idx]
+    new_error = a.clone()
+    new_error[a.abs().topk(k).indices] = 0
+    return mean / n, new_error
+
+
+def dense_all_reduce(grad, error, k):              # densify and all-reduce: refused
+    import torch.distributed as dist
+
+    a = grad + error
+    idx = a.abs().topk(k).indices
+    dense = torch.zeros_like(a)
+    dense[idx] = a[idx]
+    dist.all_reduce(dense)
+    new_error = a.clone()
+    new_error[idx] = 0
+    return dense / dist.get_world_size(), new_error
+
+
 def zero_error(grad, error, k):                    # throws away what it did not send
     mean, _ = solutions.topk_error_feedback(grad, error, k)
     return mean, torch.zeros_like(grad)
 
 
-def test_topk_checker_accepts_solution_and_library():
-    assert check_topk_error_feedback(solutions.topk_error_feedback).startswith("✓")
-    assert check_topk_error_feedback(library_topk, world_size=2, numel=17, k=3).startswith("✓")
+def test_topk_checker_accepts_the_solution_on_two_world_sizes():
+    assert check_topk_error_feedback(solutions.topk_error_feedback).startswith(
+        "✓ check_topk_error_feedback: 3 steps on 3 and 4 processes, k=4 of 40")
+    assert "on 2 and 3 processes, k=3 of 17" in check_topk_error_feedback(solutions.topk_error_feedback,
+                                                                          world_size=2, numel=17, k=3)
+
+
+@pytest.mark.parametrize("fn, name", [(library_topk, "ddnb.compression.topk.topk_compress"),
+                                      (dense_all_reduce, "dist.all_reduce")])
+def test_topk_checker_refuses_the_shortcuts(fn, name):
+    with pytest.raises(AssertionError, match=rf"raised on rank 0: .*Refused: {name} is off in this exercise: "
+                                             rf"all-gather every rank's \(indices, values\) with dist\.all_gather"):
+        check_topk_error_feedback(fn)
+
+
+def test_topk_checker_counts_what_is_all_gathered():
+    with pytest.raises(AssertionError, match=r"^3 ranks, step 0: the values are right, but rank 0: it handed 40 "
+                                             r"elements to the all-gathers; top-k sends k indices and k values, "
+                                             r"2k = 8; that is the dense tensor"):
+        check_topk_error_feedback(dense_all_gather)
 
 
 @pytest.mark.parametrize("fn, hint", [
+    (lambda grad, error, k: (grad, error), "rank 0 returned its own grad + error, dense"),
     (sums, "N times the mean"),
     (largest_not_magnitude, "the k largest |a| (magnitude"),
     (zero_error, "the error is zero"),
@@ -71,7 +119,7 @@ def test_topk_checker_rejects_with_hint(fn, hint):
 
 
 def test_topk_checker_names_missing_feedback():
-    with pytest.raises(AssertionError, match="step 1: the mean on rank 0.*without\\* error feedback"):
+    with pytest.raises(AssertionError, match="3 ranks, step 1: the mean on rank 0.*without\\* error feedback"):
         check_topk_error_feedback(no_feedback)
 
 

@@ -45,6 +45,34 @@ def unsharded(flat, grad, state, lr=0.1, momentum=0.9):   # plain data paralleli
     flat -= lr * m
 
 
+MOMENTUM = {}
+
+
+def momentum_in_a_global(flat, grad, state, lr=0.1, momentum=0.9):   # the full momentum, outside `state`
+    import torch
+    import torch.distributed as dist
+
+    g = grad.clone()
+    dist.all_reduce(g)
+    m = MOMENTUM.setdefault("m", torch.zeros_like(flat))
+    m.mul_(momentum).add_(g / dist.get_world_size())
+    flat -= lr * m
+
+
+def shard_in_a_default(flat, grad, state, lr=0.1, momentum=0.9, _kept={}):   # the shard, outside `state`
+    import torch
+    import torch.distributed as dist
+    from ddnb.compat import all_gather_single, reduce_scatter_single
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    S = flat.numel() // n
+    g = torch.empty(S, dtype=grad.dtype)
+    reduce_scatter_single(g, grad)
+    m = _kept.setdefault("momentum", torch.zeros(S, dtype=grad.dtype))
+    m.mul_(momentum).add_(g / n)
+    all_gather_single(flat, flat[r * S:(r + 1) * S] - lr * m)
+
+
 def torch_sgd_shard(flat, grad, state, lr=0.1, momentum=0.9):   # torch's SGD on my shard: also right
     import torch
     import torch.distributed as dist
@@ -63,12 +91,21 @@ def torch_sgd_shard(flat, grad, state, lr=0.1, momentum=0.9):   # torch's SGD on
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_accepts_the_solution(n):
-    assert check_zero1_step(zero1_step, world_size=n).startswith("✓ check_zero1_step")
+def test_accepts_the_solution_on_two_world_sizes(n):
+    assert check_zero1_step(zero1_step, world_size=n).startswith(f"✓ check_zero1_step: {n} and 3 processes")
 
 
-def test_accepts_torch_sgd_on_the_shard():
-    assert "keeps 10 of 20" in check_zero1_step(torch_sgd_shard, world_size=4)   # momentum 5 + shard 5
+def test_accepts_torch_sgd_on_the_shard():   # its momentum (5) counts; the shard's parameters it steps do not
+    assert "each rank keeps its shard's 5 elements of optimizer state" in check_zero1_step(torch_sgd_shard)
+
+
+@pytest.mark.parametrize("fn, where", [(momentum_in_a_global, "20 element\\(s\\) in global 'MOMENTUM'"),
+                                       (shard_in_a_default, "5 element\\(s\\) in default argument '_kept'")])
+def test_rejects_state_kept_outside_state(fn, where):
+    with pytest.raises(AssertionError, match=rf"^4 ranks, step 0: rank 0 keeps {where}, outside `state`\. The "
+                                             rf"checker builds your function afresh for every step"):
+        check_zero1_step(fn)
+    assert MOMENTUM == {}
 
 
 def test_reference_moves_the_parameters():
@@ -77,7 +114,8 @@ def test_reference_moves_the_parameters():
     assert not reference_zero1(4, 20, 3, 0.1, 0.9).allclose(_initial(20))
 
 
-@pytest.mark.parametrize("fn, hint", [(no_all_gather, "did the all-gather run?"),
+@pytest.mark.parametrize("fn, hint", [(lambda flat, grad, state, lr, momentum: None, "the parameters are unchanged"),
+                                      (no_all_gather, "did the all-gather run?"),
                                       (summed, "off by a factor of N = 4"),
                                       (unsharded, "the optimizer state is not sharded")])
 def test_rejects_wrong_steps_with_their_hint(fn, hint):

@@ -11,6 +11,18 @@ live in their own module. Solutions are in `ddnb.exercises.solutions.<chapter mo
 Every checker takes `exercise="05.1"`; given the learner's stub it prints "Exercise 05.1 not
 attempted yet: ..." and the notebook runs on. `solution("05.1")` prints a model answer
 from the solved edition (`ddnb.exercises.edition`, which also builds the learner's copies).
+
+Checkers of an exercise that builds a communication pattern refuse the shortcut: while
+the learner's function runs on the ranks, `guard` switches off torch.distributed's
+collectives and ddnb's own (dist.all_reduce gives check_allreduce the right sum without
+the ring the exercise is about) and counts the bytes each rank sends, which must be the
+algorithm's: 2(N-1)·S/N per rank for the ring all-reduce (Patarasuk & Yuan 2009), S per
+rank for the ring pass, (N-1)·S in all for the broadcast, S per out-neighbour for the
+gossip step; top-k may only all-gather, about 2k entries per rank. check_zero1_step
+rebuilds the function for every step, so state kept outside `state` is named. Each of
+these runs two world sizes, one not a power of two (`worlds`; a notebook's
+`world_size=n` is the first of them), with sizes not divisible by N where the exercise
+splits a tensor, and compares whole tensors.
 Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression.ipynb`,
 three or more per notebook.
 """

@@ -1,6 +1,9 @@
 """Checkers for the compression chapter (14): implement top-k with error feedback, predict
 PowerSGD's bytes for a layer, predict gradient accumulation's all-reduce count. Each runs
-on real processes and compares with ddnb.compression's measurement.
+on real processes and compares with ddnb.compression's measurement. While the learner's
+top-k runs, dist.all_gather is the one collective allowed (and what it is handed is
+counted: about 2k entries, not the dense gradient), and ddnb's own top-k is refused
+(`ddnb.exercises.guard`).
 Taught in `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
@@ -10,7 +13,9 @@ import math
 import torch
 
 from ddnb._checks import Checks, is_number
+from ddnb.exercises import worlds
 from ddnb.exercises.core import compare, passed, run_on_ranks
+from ddnb.exercises.guard import ship
 
 STEPS = 3
 
@@ -19,14 +24,22 @@ def _grad(rank: int, step: int, numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * step + rank))
 
 
-def _run_topk(fn, numel: int, k: int):
-    """fn(grad, error, k) -> (mean, new_error), STEPS steps on this rank."""
+WHY = "all-gather every rank's (indices, values) with dist.all_gather, that is the exercise"
+
+
+def _run_topk(blob, numel: int, k: int):
+    """fn(grad, error, k) -> (mean, new_error), STEPS steps on this rank, each with the
+    all-gathers allowed and every other collective and ddnb's top-k refused; per step
+    (mean, error, elements handed to the all-gathers, elements sent point to point)."""
     import torch.distributed as dist
+
+    from ddnb.exercises.guard import ALL_GATHERS, land, refuse_collectives
 
     error, out = torch.zeros(numel), []
     for t in range(STEPS):
-        mean, error = fn(_grad(dist.get_rank(), t, numel), error.clone(), k)
-        out.append((mean.clone(), error.clone()))
+        with refuse_collectives(allow=ALL_GATHERS, why=WHY) as wire:
+            mean, error = land(blob)(_grad(dist.get_rank(), t, numel), error.clone(), k)
+        out.append((mean.clone(), error.clone(), sum(wire.handed.values()), wire.sent_bytes // 4))
     return out
 
 
@@ -45,8 +58,12 @@ def _reference_topk(n: int, numel: int, k: int, feedback: bool = True):
     return out
 
 
-def _diagnose_topk(got, ref, ref_plain, rank, n, step) -> str:
+def _diagnose_topk(got, ref, ref_plain, rank, n, step, a=None) -> str:
+    """What a wrong top-k step usually means; a: this rank's grad + error (dense)."""
     mean, err = got
+    if a is not None and torch.allclose(mean, a):
+        return (f"rank {rank} returned its own grad + error, dense: select its k largest |entries|, all-gather "
+                f"every rank's, and return their mean")
     if torch.allclose(mean, ref[0] * n):
         return "the result is N times the mean: divide the sum of the gathered values by the world size"
     if step > 0 and torch.allclose(mean, ref_plain[0]):
@@ -62,25 +79,56 @@ def _diagnose_topk(got, ref, ref_plain, rank, n, step) -> str:
     return "the selected entries differ: pick the k largest |a| (magnitude, torch.topk(a.abs(), k)), not the largest a"
 
 
-def check_topk_error_feedback(fn, world_size: int = 3, numel: int = 40, k: int = 4, timeout: float = 30) -> str:
-    """Run `fn(grad, error, k) -> (mean, new_error)` on `world_size` processes for 3 steps
-    (each rank's error carried from step to step) and compare with top-k with error
-    feedback: the mean over the ranks of every rank's k largest-magnitude entries of
-    grad + error, and the new error = grad + error with those entries zeroed."""
+def diagnose_topk_bytes(handed: int, p2p: int, n: int, numel: int, k: int) -> str | None:
+    """The message when a rank did not send about 2k entries (k indices, k values), else None."""
+    if handed == 0 and p2p == 0:
+        return ("it handed nothing to dist.all_gather: all-gather the k indices and the k values (a collective "
+                "run another way is not seen)")
+    if handed > 2 * k:
+        dense = "; that is the dense tensor: send only the k selected entries" if handed >= numel else ""
+        return (f"it handed {handed} elements to the all-gathers; top-k sends k indices and k values, 2k = "
+                f"{2 * k}{dense}")
+    if p2p > 2 * k * (n - 1):
+        return (f"it sent {p2p} elements point to point; k indices and k values to each of the N-1 others are "
+                f"2k·(N-1) = {2 * k * (n - 1)}")
+    return None
+
+
+def check_topk_error_feedback(fn, world_size: int | None = None, numel: int = 40, k: int = 4, timeout: float = 30,
+                              world_sizes=(3, 4)) -> str:
+    """Run `fn(grad, error, k) -> (mean, new_error)` on real processes for 3 steps (each
+    rank's error carried from step to step), on two world sizes (`world_sizes`, or
+    `world_size` and a second one, `ddnb.exercises.worlds`), and compare with top-k with
+    error feedback (Stich et al. 2018): the mean over the ranks of every rank's k
+    largest-magnitude entries of grad + error, and the new error = grad + error with
+    those entries zeroed. fn all-gathers the (index, value) pairs: dist.all_gather (and
+    all_gather_into_tensor) are allowed and what they are handed is counted, at most
+    2k elements per rank and step (not the dense gradient); every other collective and
+    ddnb's own top-k (ddnb.compression.topk) are refused (`ddnb.exercises.guard`)."""
     with Checks("check_topk_error_feedback") as check:
         check.rule(callable(fn), f"fn={fn!r}: need a function fn(grad, error, k) -> (mean, new_error)")
-        check.integer("world_size", world_size, min=2, max=8)
+        ns = worlds.world_sizes(check, world_size, world_sizes, min_world=2)
         if check.integer("numel", numel, min=1):
             check.integer("k", k, min=1, max=numel)
-    got = run_on_ranks(_run_topk, world_size, fn, numel, k, what=getattr(fn, "__name__", "fn"), timeout=timeout)
-    ref, plain = _reference_topk(world_size, numel, k), _reference_topk(world_size, numel, k, feedback=False)
-    for rank, steps in enumerate(got):
-        for t, (mean, err) in enumerate(steps):
-            ok = torch.allclose(mean, ref[t][0], atol=1e-6) and torch.allclose(err, ref[t][1][rank], atol=1e-6)
-            hint = "" if ok else _diagnose_topk((mean, err), (ref[t][0], ref[t][1]), plain[t], rank, world_size, t)
-            compare(mean, ref[t][0], rank=rank, name=f"step {t}: the mean", hint=hint, atol=1e-6)
-            compare(err, ref[t][1][rank], rank=rank, name=f"step {t}: the new error", hint=hint, atol=1e-6)
-    return passed("check_topk_error_feedback", f"{STEPS} steps on {world_size} processes, k={k} of {numel}")
+    blob = ship(fn)
+    for n in ns:
+        got = run_on_ranks(_run_topk, n, blob, numel, k, what=getattr(fn, "__name__", "fn"), timeout=timeout)
+        ref, plain = _reference_topk(n, numel, k), _reference_topk(n, numel, k, feedback=False)
+        for rank, steps in enumerate(got):
+            for t, (mean, err, _, _) in enumerate(steps):
+                ok = torch.allclose(mean, ref[t][0], atol=1e-6) and torch.allclose(err, ref[t][1][rank], atol=1e-6)
+                a = _grad(rank, t, numel) + (ref[t - 1][1][rank] if t else 0)
+                hint = "" if ok else _diagnose_topk((mean, err), (ref[t][0], ref[t][1]), plain[t], rank, n, t, a)
+                compare(mean, ref[t][0], rank=rank, name=f"{n} ranks, step {t}: the mean", hint=hint, atol=1e-6)
+                compare(err, ref[t][1][rank], rank=rank, name=f"{n} ranks, step {t}: the new error", hint=hint,
+                        atol=1e-6)
+        for rank, steps in enumerate(got):
+            for t, (_, _, handed, p2p) in enumerate(steps):
+                wrong = diagnose_topk_bytes(handed, p2p, n, numel, k)
+                if wrong:
+                    raise AssertionError(f"{n} ranks, step {t}: the values are right, but rank {rank}: {wrong}")
+    return passed("check_topk_error_feedback", f"{STEPS} steps on {worlds.in_words(ns)}, k={k} of {numel}, "
+                                               f"2k entries all-gathered per rank")
 
 
 def _measure_powersgd(shape, rank: int) -> int:

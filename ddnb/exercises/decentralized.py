@@ -1,6 +1,9 @@
 """Checkers for the decentralized chapter (05b): the learner's gossip step run on real
-processes against W X, and two predictions (the spectral gap of a ring, the bytes of
-D-PSGD on a ring against a ring all-reduce) against the formula and the measurement.
+processes against W X and against the bytes it must send (x to each out-neighbour, Lian
+et al. 2017), and two predictions (the spectral gap of a ring, the bytes of D-PSGD on a
+ring against a ring all-reduce) against the formula and the measurement. While the
+gossip step runs, the collectives and ddnb's own gossip are refused on the ranks
+(`ddnb.exercises.guard`): an all-reduce gives the mean, not a step of W.
 Taught in `notebooks/05b_decentralized.ipynb`.
 """
 from __future__ import annotations
@@ -10,7 +13,9 @@ import math
 import torch
 
 from ddnb._checks import Checks, is_number
+from ddnb.exercises import worlds
 from ddnb.exercises.core import compare, passed, run_on_ranks
+from ddnb.exercises.guard import ship
 
 
 def _rank_input(rank: int, numel: int) -> torch.Tensor:
@@ -18,15 +23,22 @@ def _rank_input(rank: int, numel: int) -> torch.Tensor:
     return torch.arange(numel, dtype=torch.float64) + 10.0 * (rank + 1)
 
 
-def _run_gossip(fn, name: str, numel: int):
+WHY = "exchange x with the neighbours with isend/irecv (or batch_isend_irecv), that is the exercise"
+
+
+def _run_gossip(blob, name: str, numel: int):
+    """On a rank: the learner's gossip step, every collective and ddnb's gossip refused;
+    (what it returned, bytes sent per destination)."""
     import torch.distributed as dist
 
     from ddnb.decentralized import topology
+    from ddnb.exercises.guard import land, refuse_collectives
 
     topo = topology(name, dist.get_world_size())
     x = _rank_input(dist.get_rank(), numel)
-    out = fn(x.clone(), topo.W)
-    return out
+    with refuse_collectives(why=WHY) as wire:
+        out = land(blob)(x.clone(), topo.W)
+    return out, wire.sent_to
 
 
 def diagnose_gossip(got, x, mean, expected, W, rank) -> str:
@@ -42,32 +54,46 @@ def diagnose_gossip(got, x, mean, expected, W, rank) -> str:
     return "the weighted sum is wrong: is your own term W[rank, rank] * x included, and each neighbour's once?"
 
 
-def check_gossip_step(fn, world_size: int = 4, topologies=("ring", "exponential", "torus"), numel: int = 6,
-                      timeout: float = 30) -> str:
-    """Run `fn(x, W)` (x: this rank's (numel,) float64 tensor, W: (N, N) float64) on
-    `world_size` real processes for each topology, and compare what each rank returns with
-    row `rank` of W X. fn exchanges with the neighbours only (p2p or torch.distributed)."""
+def check_gossip_step(fn, world_size: int | None = None, topologies=("ring", "exponential", "torus"),
+                      numel: int = 7, timeout: float = 30, world_sizes=(4, 3)) -> str:
+    """Run `fn(x, W)` (x: this rank's (numel,) float64 tensor, W: (N, N) float64) on real
+    processes for each topology, on two world sizes (`world_sizes`, or `world_size` and a
+    second one, `ddnb.exercises.worlds`), and compare what each rank returns with row
+    `rank` of W X (Lian et al. 2017). fn exchanges with its neighbours point to point:
+    every torch.distributed collective and ddnb.decentralized's gossip are refused
+    (`ddnb.exercises.guard`), and each rank must send its x, S bytes, to each of its
+    out-neighbours (k != rank with W[k, rank] > 0) and to no one else."""
     with Checks("check_gossip_step") as check:
         check.rule(callable(fn), f"fn={fn!r}: need a function fn(x, W) returning the mixed x")
-        check.integer("world_size", world_size, min=2, max=8)
+        ns = worlds.world_sizes(check, world_size, world_sizes, min_world=2)
         check.integer("numel", numel, min=1)
     from ddnb.decentralized import topology
 
-    for name in topologies:
-        got = run_on_ranks(_run_gossip, world_size, fn, name, numel, what=getattr(fn, "__name__", "fn"),
-                           timeout=timeout)
-        W = topology(name, world_size).W
-        X = torch.stack([_rank_input(r, numel) for r in range(world_size)])     # (N, numel)
-        expected = W @ X
-        for rank, g in enumerate(got):
-            if not isinstance(g, torch.Tensor) or g.shape != expected[rank].shape:
-                compare(g, expected[rank], rank=rank, name=f"gossip on the {name}")
-            g = g.double()
-            hint = "" if torch.allclose(g, expected[rank]) else diagnose_gossip(g, X[rank], X.mean(0),
-                                                                                 expected[rank], W, rank)
-            compare(g, expected[rank], rank=rank, name=f"gossip on the {name}", hint=hint)
-    return passed("check_gossip_step", f"every rank holds its row of W X on {world_size} processes, "
-                                       f"topologies {list(topologies)}")
+    blob, S = ship(fn), 8 * numel
+    for n in ns:
+        for name in topologies:
+            got = run_on_ranks(_run_gossip, n, blob, name, numel, what=getattr(fn, "__name__", "fn"),
+                               timeout=timeout)
+            W = topology(name, n).W
+            X = torch.stack([_rank_input(r, numel) for r in range(n)])     # (N, numel)
+            expected, where = W @ X, f"{n}-rank gossip on the {name}"
+            for rank, (g, _) in enumerate(got):
+                if not isinstance(g, torch.Tensor) or g.shape != expected[rank].shape:
+                    compare(g, expected[rank], rank=rank, name=where)
+                g = g.double()
+                hint = "" if torch.allclose(g, expected[rank]) else diagnose_gossip(g, X[rank], X.mean(0),
+                                                                                     expected[rank], W, rank)
+                compare(g, expected[rank], rank=rank, name=where, hint=hint)
+            for rank, (_, sent_to) in enumerate(got):
+                outs = [k for k in range(n) if k != rank and W[k, rank] > 0]
+                want = {k: S for k in outs}
+                if {k: b for k, b in sent_to.items() if b} != want:
+                    raise AssertionError(
+                        f"{where}: the values are right, but rank {rank} sent {dict(sent_to)} bytes per "
+                        f"destination; one gossip step sends x ({S} bytes) once to each out-neighbour {outs}: "
+                        f"{len(outs)}·S = {len(outs) * S} bytes")
+    return passed("check_gossip_step", f"every rank holds its row of W X on {worlds.in_words(ns)}, "
+                                       f"topologies {list(topologies)}, S bytes to each out-neighbour")
 
 
 def check_spectral_gap(predicted, n: int = 8) -> str:

@@ -5,16 +5,23 @@ The learner writes `fn(flat, grad, state, lr, momentum)`: flat (N·S,) the param
 same on every rank, to update in place; grad (N·S,) this rank's gradient; state a dict the
 checker keeps between steps for this rank's optimizer state. ZeRO-1 (Rajbhandari et al.
 2020, Sec. 5.1): reduce-scatter the gradients (rank r gets the sum of its slice; divide by
-N), step the slice with momentum for the slice only, all-gather the parameters.
+N), step the slice with momentum for the slice only, all-gather the parameters. The
+checker builds the learner's function afresh for every step and keeps `state` on the
+rank in between, so momentum kept anywhere else (a global, a closure) is lost and named:
+the state must be sharded, and must be in `state` (`ddnb.exercises.guard`).
 Taught in `notebooks/11_memory_sharding.ipynb`; solution in
 `ddnb.exercises.solutions.sharding.zero1_step`.
 """
 from __future__ import annotations
 
+import uuid
+
 import torch
 
 from ddnb._checks import Checks
+from ddnb.exercises import worlds
 from ddnb.exercises.core import compare, passed, run_on_ranks
+from ddnb.exercises.guard import ship
 
 
 def _initial(numel: int) -> torch.Tensor:
@@ -28,27 +35,55 @@ def _grad(step: int, rank: int, numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=g, dtype=torch.float64)
 
 
-def _state_numel(state) -> int:
-    """Elements of the tensors in `state` (dicts, lists and torch optimizers looked into)."""
+def _optimizers(obj) -> list:
+    if isinstance(obj, torch.optim.Optimizer):
+        return [obj]
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return [o for v in values for o in _optimizers(v)]
+
+
+def _state_numel(state, skip=None) -> int:
+    """Elements of optimizer state in `state`: its tensors (dicts, lists and torch
+    optimizers looked into), not counting the parameters an optimizer in it steps (a
+    copy of the shard's parameters is not optimizer state)."""
+    if skip is None:
+        skip = {id(p) for opt in _optimizers(state) for group in opt.param_groups for p in group["params"]}
     if torch.is_tensor(state):
-        return state.numel()
+        return 0 if id(state) in skip else state.numel()
     if isinstance(state, torch.optim.Optimizer):
-        return _state_numel(list(state.state.values()))
+        return _state_numel(list(state.state.values()), skip)
     if isinstance(state, dict):
-        return sum(_state_numel(v) for v in state.values())
+        return sum(_state_numel(v, skip) for v in state.values())
     if isinstance(state, (list, tuple)):
-        return sum(_state_numel(v) for v in state)
+        return sum(_state_numel(v, skip) for v in state)
     return 0
 
 
-def _run_zero1(fn, numel, steps, lr, momentum):
+_ON_RANK: dict = {}     # on a rank: run id -> (flat, state), kept between the steps of one check
+
+
+def _run_zero1_step(blob, run: str, step: int, numel: int, lr: float, momentum: float, last: bool):
+    """On a rank: one step of the learner's function, built afresh from `blob` (a global
+    or a closure of it starts as it was shipped: only `state` carries over). Returns
+    (flat after the last step, else None; {where: elements} it kept outside `state`
+    during this step; elements of optimizer state in `state`)."""
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    flat, state = _initial(numel), {}
-    for step in range(steps):
-        fn(flat, _grad(step, rank, numel), state, lr, momentum)
-    return flat, _state_numel(state)
+    from ddnb.exercises.guard import held_outside, land
+
+    if step == 0:
+        _ON_RANK.clear()                         # a check that failed midway leaves its entry
+        _ON_RANK[run] = (_initial(numel), {})
+    flat, state = _ON_RANK[run]
+    fn = land(blob)
+    before = held_outside(fn)
+    fn(flat, _grad(step, dist.get_rank(), numel), state, lr, momentum)
+    after = held_outside(fn)
+    outside = {where: elements for where, (elements, total) in after.items()
+               if elements and (elements, total) != before.get(where)}
+    if last:
+        del _ON_RANK[run]
+    return (flat if last else None), outside, _state_numel(state)
 
 
 def reference_zero1(world_size: int, numel: int, steps: int, lr: float, momentum: float) -> torch.Tensor:
@@ -76,30 +111,50 @@ def diagnose_zero1(got, expected, start, rank: int, n: int) -> str:
     return "the update differs: check the slice each rank steps (rank r owns flat[r·S:(r+1)·S]) and the momentum"
 
 
-def check_zero1_step(fn, world_size: int = 4, shard_numel: int = 5, steps: int = 3, lr: float = 0.1,
-                     momentum: float = 0.9, timeout: float = 30) -> str:
-    """Run `fn(flat, grad, state, lr, momentum)` for `steps` steps on `world_size` real
-    processes (flat of world_size·shard_numel float64 elements) and compare every rank's
-    parameters with torch.optim.SGD on one process, then check that the optimizer state
-    each rank keeps in `state` is its shard only (fewer elements than the whole vector)."""
+def check_zero1_step(fn, world_size: int | None = None, shard_numel: int = 5, steps: int = 3, lr: float = 0.1,
+                     momentum: float = 0.9, timeout: float = 30, world_sizes=(4, 3)) -> str:
+    """Run `fn(flat, grad, state, lr, momentum)` for `steps` steps on real processes (flat
+    of N·shard_numel float64 elements), on two world sizes (`world_sizes`, or `world_size`
+    and a second one, `ddnb.exercises.worlds`), and compare every rank's parameters with
+    torch.optim.SGD on one process. Each step is a separate run of a freshly built fn
+    (`ddnb.exercises.guard.land`): only `state`, kept on the rank, carries over, and a
+    tensor fn keeps in a global, a closure or a default argument is refused, naming the
+    rank and the name. `state` must hold exactly this rank's shard of optimizer state,
+    S = shard_numel elements of momentum (at most S with momentum 0; an optimizer's own
+    parameters are not counted): ZeRO-1 (Rajbhandari et al. 2020, Sec. 5.1)."""
     with Checks("check_zero1_step") as check:
         check.rule(callable(fn), f"fn={fn!r}: need a function fn(flat, grad, state, lr, momentum)")
-        check.integer("world_size", world_size, min=2, max=8)
+        ns = worlds.world_sizes(check, world_size, world_sizes, min_world=2)
         check.positive_ints(shard_numel=shard_numel, steps=steps)
         check.number("lr", lr, positive=True)
         check.number("momentum", momentum, min=0, below=1)
-    numel = world_size * shard_numel
-    results = run_on_ranks(_run_zero1, world_size, fn, numel, steps, lr, momentum,
-                           what=getattr(fn, "__name__", "fn"), timeout=timeout)
-    expected, start = reference_zero1(world_size, numel, steps, lr, momentum), _initial(numel)
-    for rank, (got, _) in enumerate(results):
-        hint = "" if torch.allclose(got, expected) else diagnose_zero1(got, expected, start, rank, world_size)
-        compare(got, expected, rank=rank, name=f"parameters after {steps} steps", hint=hint, atol=1e-9)
-    for rank, (_, kept) in enumerate(results):
-        if kept >= numel:
-            raise AssertionError(
-                f"rank {rank} keeps {kept} elements of optimizer state for {numel} parameters: the optimizer "
-                f"state is not sharded (every rank stepped the whole vector). ZeRO-1 keeps the momentum of its own "
-                f"shard only, {shard_numel} elements, and steps only flat[r·S:(r+1)·S]")
-    return passed("check_zero1_step", f"{world_size} ranks, {steps} steps equal torch.optim.SGD on one process; "
-                  f"each rank keeps {results[0][1]} of {numel} elements of optimizer state")
+    blob, S = ship(fn), shard_numel
+    for n in ns:
+        numel, run = n * S, uuid.uuid4().hex
+        for step in range(steps):
+            results = run_on_ranks(_run_zero1_step, n, blob, run, step, numel, lr, momentum, step == steps - 1,
+                                   what=getattr(fn, "__name__", "fn"), timeout=timeout)
+            for rank, (_, outside, _) in enumerate(results):
+                if outside:
+                    kept = ", ".join(f"{e} element(s) in {where}" for where, e in outside.items())
+                    raise AssertionError(
+                        f"{n} ranks, step {step}: rank {rank} keeps {kept}, outside `state`. The checker builds "
+                        f"your function afresh for every step, so only `state` carries over (as only the "
+                        f"optimizer's state does in a real run): keep this rank's momentum, {S} elements, in `state`")
+        expected, start = reference_zero1(n, numel, steps, lr, momentum), _initial(numel)
+        for rank, (got, _, _) in enumerate(results):
+            hint = "" if torch.allclose(got, expected) else diagnose_zero1(got, expected, start, rank, n)
+            compare(got, expected, rank=rank, name=f"{n} ranks: parameters after {steps} steps", hint=hint,
+                    atol=1e-9)
+        for rank, (_, _, kept) in enumerate(results):
+            if kept >= numel and kept > S:
+                raise AssertionError(
+                    f"rank {rank} of {n} keeps {kept} elements of optimizer state for {numel} parameters: the "
+                    f"optimizer state is not sharded (every rank stepped the whole vector). ZeRO-1 keeps the momentum "
+                    f"of its own shard only, {S} elements, and steps only flat[r·S:(r+1)·S]")
+            if kept > S or (kept < S and momentum > 0):
+                raise AssertionError(
+                    f"rank {rank} of {n} keeps {kept} elements of optimizer state in `state`; ZeRO-1 keeps exactly "
+                    f"its shard's momentum, S = {S} elements ({numel} parameters / {n} ranks)")
+    return passed("check_zero1_step", f"{worlds.in_words(ns)}, {steps} steps equal torch.optim.SGD on one process; "
+                  f"each rank keeps its shard's {S} elements of optimizer state, nothing outside `state`")
