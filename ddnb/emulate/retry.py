@@ -6,7 +6,8 @@ run that still overran after its tries (the notebooks store only runs without ov
     sat = without_overruns(lambda p: server_vs_ring(p, model, data), picker.profile)
     rows = without_overruns(lambda s: link_sweep(slowdown=s), 100.0, emulation=lambda rows: rows)
 
-Used by the emulated cells of notebooks 04, 05, 05b, 06, 12, 13 and 14.
+Used by the emulated cells of notebooks/04_parameter_server.ipynb, 05, 05b, 06, 12,
+13 and 14 (e.g. notebooks/12_scalability.ipynb).
 """
 from __future__ import annotations
 

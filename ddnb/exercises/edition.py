@@ -19,7 +19,8 @@ named in `reset` (the old copy is kept under `learn/.reset/`).
     python -m ddnb.exercises --reset 05      # make lab RESET=05: copy chapter 05 again
     solution("05.1")                                 # print the answer, on request
 
-Used by `make learn` / `make lab` and `make test-learner`.
+Used by `make learn` / `make lab` and `make test-learner`; every notebook, from
+notebooks/00_getting_started.ipynb on, carries its answers this way.
 """
 from __future__ import annotations
 
