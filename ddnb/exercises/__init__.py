@@ -44,6 +44,7 @@ from ddnb.exercises.flops import check_flops_per_token
 from ddnb.exercises.p2p import check_broadcast, check_ring_shift
 from ddnb.exercises.parameter_server import check_ps_step
 from ddnb.exercises.pipeline import check_1f1b
+from ddnb.exercises.pipeline_loop import check_pipeline_loop
 from ddnb.exercises.predict import check_prediction
 from ddnb.exercises.sharding import check_zero1_step
 from ddnb.exercises.tasks import check_task_map
@@ -57,7 +58,7 @@ del _name
 
 __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
            "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dpsgd", "check_dropped_tokens",
-           "check_fit", "check_fusion", "check_partition",
+           "check_fit", "check_fusion", "check_partition", "check_pipeline_loop",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
            "check_remaining_indices", "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks",
