@@ -46,6 +46,7 @@ from ddnb.exercises.parameter_server import check_ps_step
 from ddnb.exercises.pipeline import check_1f1b
 from ddnb.exercises.pipeline_loop import check_pipeline_loop
 from ddnb.exercises.predict import check_prediction
+from ddnb.exercises.ring_attention import check_ring_attention
 from ddnb.exercises.sharding import check_zero1_step
 from ddnb.exercises.tasks import check_task_map
 from ddnb.exercises.tensor_parallel import check_column_parallel
@@ -61,6 +62,7 @@ __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allredu
            "check_fit", "check_fusion", "check_partition", "check_pipeline_loop",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
-           "check_remaining_indices", "check_ring_shift", "check_spectral_gap", "check_sum_over_ranks",
+           "check_remaining_indices", "check_ring_attention", "check_ring_shift", "check_spectral_gap",
+           "check_sum_over_ranks",
            "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "close_worlds", "compare",
            "passed", "run_on_ranks", "solution"]
