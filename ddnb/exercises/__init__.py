@@ -26,6 +26,7 @@ splits a tensor, and compares whole tensors.
 Used from `notebooks/00_getting_started.ipynb` to `notebooks/14_precision_compression.ipynb`,
 three or more per notebook.
 """
+from ddnb.exercises.bucketed import check_bucketed
 from ddnb.exercises.collectives import check_allreduce
 from ddnb.exercises.compression import check_accumulation_calls, check_powersgd_bytes, check_topk_error_feedback
 from ddnb.exercises.context_parallel import check_dropped_tokens, check_merge, check_ulysses_bytes
@@ -58,8 +59,8 @@ for _name in [n for n in dir() if n.startswith("check_")]:
 del _name
 
 __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allreduce", "check_bound", "check_broadcast",
-           "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dpsgd", "check_dropped_tokens",
-           "check_fit", "check_fusion", "check_partition", "check_pipeline_loop",
+           "check_bucketed", "check_bytes_prediction", "check_column_parallel", "check_comm_hook", "check_dpsgd",
+           "check_dropped_tokens", "check_fit", "check_fusion", "check_partition", "check_pipeline_loop",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
            "check_remaining_indices", "check_ring_attention", "check_ring_shift", "check_spectral_gap",
