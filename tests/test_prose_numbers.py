@@ -31,6 +31,10 @@ decimal or binary prefixes, MB = MiB), or an output without a unit as printed; a
 also matches a unitless byte count (1.5 MB = 1,572,864); a percentage matches an output
 percentage or a unitless fraction (31% = 0.31); × and x are one unit. Signs are ignored.
 
+A design question (an exercise headed "... (design)") and the model answers of exercises
+(markdown cells tagged `solution`) are not read: they state a hypothetical cluster and work
+it out, and quote no measurement.
+
 Every other number that is not a measurement (constants, published figures, hardware specs,
 values the reader computes) is in ALLOWED, keyed by notebook and a regex on the number as
 written, with its reason; an entry that no longer excuses anything fails too.
@@ -68,6 +72,9 @@ NUMBER = re.compile(r"(?<![\w.,])(?P<num>(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<dot>
                     r"(?:\s?(?P<unit>" + _UNIT + r")(?![\w/]))?")
 _CITATION = re.compile(r"(?:\bSecs?\.|\bSections?|§|\bEqs?\.|\bTables?|\bFigs?\.|\bFigure|\bApp\.|\bAppendix"
                        r"|\bAlgorithm|\barXiv|\bExercises?)\s*$")            # Exercise 05.2: an id
+# a design question states a hypothetical cluster and its model answer works it out: their
+# numbers are inputs and the reader's arithmetic, not measurements, so neither cell is read
+DESIGN = re.compile(r"#+\s*Exercise\s+\S+\s+—.*\(design\)")
 _ASSIGNED = re.compile(r"[\w′'·×*/+−^()]\s*=\s*~?$")
 
 
@@ -209,7 +216,8 @@ def notebook_numbers(path: pathlib.Path):
     for i, cell in enumerate(nb["cells"]):
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            markdown[i] = source
+            if not (DESIGN.match(source) or "solution" in cell["metadata"].get("tags", [])):
+                markdown[i] = source
             continue
         if cell["cell_type"] != "code":
             continue

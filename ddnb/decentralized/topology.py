@@ -16,7 +16,7 @@ Then W^t -> J = (1/N) 1 1^T, at a rate set by the second-largest eigenvalue modu
 1 - |lambda_2| is the topology's figure of merit (Boyd et al. 2006, "Randomized gossip
 algorithms", IEEE Trans. Inf. Theory 52(6); Lian et al. 2017, Theorem 1, rho = |lambda_2|^2).
 
-    ring(N)          degree 2, Metropolis-Hastings weights 1/3: gap ~ 2 pi^2 / (3 N^2)
+    ring(N)          degree 2, Metropolis-Hastings weights 1/3: gap ~ 4 pi^2 / (3 N^2)
     torus(N)         rows x cols grid with wrap-around, degree 4: gap ~ 1/N
     exponential(N)   rank i hears from i + 2^0, i + 2^1, ... (mod N), all weights
                      1/(ceil(log2 N) + 1): a directed, circulant W (Ying et al. 2021,

@@ -135,10 +135,13 @@ _ID = re.compile(r"Exercise\s+(\d+[a-z]?\.\d+)")
 
 def attempted(answer) -> bool:
     """False for a stub of the learner's edition (`...`, or a function whose body raises
-    NotImplementedError("Exercise 05.1: ...")), True for anything else. For cells after an
-    exercise that use the learner's answer: `if attempted(my_ring_allreduce): ...`."""
+    NotImplementedError("Exercise 05.1: ...") or a class with such a method), True for
+    anything else. For cells after an exercise that use the learner's answer:
+    `if attempted(my_ring_allreduce): ...`."""
     if answer is Ellipsis:
         return False
+    if isinstance(answer, type):            # a class: a stub while any of its own methods is one
+        return all(attempted(f) for f in vars(answer).values() if callable(f))
     code = getattr(answer, "__code__", None)
     if code is None:
         return True
