@@ -1,5 +1,6 @@
 """without_overruns: a run that overran is run again at a higher slowdown, saying so; one that
-overran every time is refused, never returned."""
+overran every time is refused (refuse=True) or returned under a warning that its times are
+wrong."""
 import pytest
 
 from ddnb.emulate import get_profile, overruns, summary, without_overruns
@@ -37,7 +38,26 @@ def test_a_number_slowdown_is_raised_too_and_a_run_that_always_overran_is_refuse
         return [summary([report(1)]), summary([report(0)])]
 
     with pytest.raises(RuntimeError, match=r"every run overran \(1 at 50x, 1 at 150x\)"):
-        without_overruns(run, 50.0, factor=3, tries=2, say=lambda s: None)
+        without_overruns(run, 50.0, factor=3, tries=2, say=lambda s: None, refuse=True)
     assert seen == [50.0, 150.0]
+    said = []
+    out = without_overruns(run, 50.0, factor=3, tries=2, say=said.append)
+    assert out == run(150.0) and len(said) == 2
+    assert said[-1].startswith("WARNING: every run overran (1 at 50x, 1 at 150x)") and "WRONG" in said[-1]
     with pytest.raises(ValueError, match="factor"):
         without_overruns(run, 50.0, factor=1.0)
+
+
+def test_counting_from_here_keeps_the_clock_and_the_links_and_zeroes_the_counts():
+    import time
+
+    from ddnb.emulate import Emulator
+    em = Emulator(get_profile("ib").with_(slowdown=1.0), rank=0, world_size=2, epoch=time.monotonic() - 10.0)
+    em.t = 1.0                                 # 9 s behind real time: the next sync overruns
+    em.free[("send", "inter")] = 12.5
+    em.sync()
+    assert em.overruns == 1 and em.syncs == 1
+    t = em.t
+    em.count_from_here()
+    assert (em.overruns, em.syncs, em.max_overrun) == (0, 0, 0.0)
+    assert em.t == t and em.free == {("send", "inter"): 12.5}

@@ -110,7 +110,7 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     import torch.nn.functional as F
 
     from ddnb.data_parallel import overlap_stats
-    from ddnb.emulate import uncounted
+    from ddnb.emulate import current, uncounted
     from ddnb.timing import barrier_and_clock
     from ddnb.trace import Tracer
 
@@ -140,6 +140,8 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
         for _ in range(warmup):
             step(model, opt, sync)
         tracer.clear()
+    if current() is not None:                # the emulator's report covers the timed steps only
+        current().count_from_here()
     for _ in range(rounds):
         for s, (model, opt, sync, _) in runs.items():
             barrier()

@@ -60,6 +60,16 @@ class Emulator:
         self.messages = self.bytes_sent = 0
         self.unmodeled = {}        # torch.distributed op -> calls made outside the message layer
 
+    def count_from_here(self) -> None:
+        """Zero the counts (syncs, overruns, bytes) but keep the clock and the links: what
+        follows, the timed steps after a warm-up, is what the report covers. A warm-up's
+        first step pays one-time costs (allocations, autograd's first graph, gloo's first
+        use of a pair) that its model leaves out, and is not timed."""
+        with self.lock:
+            t, free = self.t, self.free
+            self.reset()
+            self.t, self.free = t, free
+
     # ------------------------------------------------------------------ time
     def real_now(self) -> float:
         """Real time since the epoch, in emulated seconds."""
