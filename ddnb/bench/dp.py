@@ -110,7 +110,7 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     import torch.nn.functional as F
 
     from ddnb.data_parallel import overlap_stats
-    from ddnb.emulate import current, uncounted
+    from ddnb.emulate import uncounted, warm_up
     from ddnb.timing import barrier_and_clock
     from ddnb.trace import Tracer
 
@@ -137,11 +137,10 @@ def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmu
     times = {s: [] for s in strategies}
     per_round = max(1, steps // rounds)
     for s, (model, opt, sync, tracer) in runs.items():
-        for _ in range(warmup):
-            step(model, opt, sync)
+        with warm_up():                      # untimed: the emulator's report covers the timed steps
+            for _ in range(warmup):
+                step(model, opt, sync)
         tracer.clear()
-    if current() is not None:                # the emulator's report covers the timed steps only
-        current().count_from_here()
     for _ in range(rounds):
         for s, (model, opt, sync, _) in runs.items():
             barrier()

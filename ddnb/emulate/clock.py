@@ -31,6 +31,7 @@ Taught in `notebooks/05_allreduce.ipynb`.
 from __future__ import annotations
 
 import importlib
+import contextlib
 import threading
 import time
 
@@ -60,15 +61,19 @@ class Emulator:
         self.messages = self.bytes_sent = 0
         self.unmodeled = {}        # torch.distributed op -> calls made outside the message layer
 
-    def count_from_here(self) -> None:
-        """Zero the counts (syncs, overruns, bytes) but keep the clock and the links: what
-        follows, the timed steps after a warm-up, is what the report covers. A warm-up's
-        first step pays one-time costs (allocations, autograd's first graph, gloo's first
-        use of a pair) that its model leaves out, and is not timed."""
+    @contextlib.contextmanager
+    def warm_up(self):
+        """Leave the block's syncs and overruns out of this rank's counts; the clock and the
+        links go on. For the untimed first step of a run: it pays one-time costs (memory
+        allocations, autograd's first graph, gloo's first use of a pair) that its model
+        leaves out, and its times are not reported, so its overruns say nothing about them."""
         with self.lock:
-            t, free = self.t, self.free
-            self.reset()
-            self.t, self.free = t, free
+            saved = (self.syncs, self.overruns, self.overrun_time, self.max_overrun)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.syncs, self.overruns, self.overrun_time, self.max_overrun = saved
 
     # ------------------------------------------------------------------ time
     def real_now(self) -> float:
@@ -234,6 +239,14 @@ def deactivate() -> dict | None:
     stop_pacing()
     report, _EMULATOR = _EMULATOR.report(), None
     return report
+
+
+def warm_up(untimed: bool = True):
+    """`with warm_up(step == 0):` a run's untimed step, whose overruns are not counted
+    (`Emulator.warm_up`); does nothing in real mode or when `untimed` is False."""
+    if _EMULATOR is None or not untimed:
+        return contextlib.nullcontext()
+    return _EMULATOR.warm_up()
 
 
 def stamp() -> float:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from ddnb._checks import Checks
 from ddnb.collectives import p2p
 from ddnb.data import Dataset
+from ddnb.emulate.clock import warm_up
 from ddnb.models import flat_params
 from ddnb.parameter_server.messages import message_device
 from ddnb.parameter_server.worker import forward_backward, worker_batch
@@ -102,32 +103,33 @@ def train_fixed_peers(model_fn, dataset, workers: int, servers: int = 1, strateg
     barrier, clock = barrier_and_clock()
     losses, times = [], []
     for step in range(steps):
-        barrier()
-        start = clock()
-        if role == "server":
-            grads = [torch.empty_like(weights) for _ in worker_ranks]
-            shard = weights.detach().clone()
-            _wait(p2p.post([p2p.Op("send", shard, w, name="params") for w in worker_ranks]
-                           + [p2p.Op("recv", g, w, name="gradient") for g, w in zip(grads, worker_ranks)], tracer=tr))
-            weights.grad = torch.stack(grads).mean(0)              # the mean of the N workers' gradients
-            optimizer.step()
-        elif role == "worker":
-            me = rank - servers
-            x, y = (t.to(device) for t in worker_batch(dataset, me, workers, batch_size, step, seed))
-            if strategy == "server":
-                _wait(p2p.post([p2p.Op("recv", params[lo:hi], s, name="params")
-                                for s, (lo, hi) in zip(server_ranks, bounds)], tracer=tr))
-                loss, grad = forward_backward(model, params, x, y, loss_fn, tr)
-                _wait(p2p.post([p2p.Op("send", grad[lo:hi], s, name="gradient")
-                                for s, (lo, hi) in zip(server_ranks, bounds)], tracer=tr))
-            else:
-                loss, grad = forward_backward(model, weights.detach(), x, y, loss_fn, tr)
-                if workers > 1:
-                    ring_allreduce(grad, op="avg", group=group, tracer=tr, check=False)
-                weights.grad = grad
+        with warm_up(step == 0):      # step 0 is not timed (_median): its overruns are not counted
+            barrier()
+            start = clock()
+            if role == "server":
+                grads = [torch.empty_like(weights) for _ in worker_ranks]
+                shard = weights.detach().clone()
+                _wait(p2p.post([p2p.Op("send", shard, w, name="params") for w in worker_ranks]
+                               + [p2p.Op("recv", g, w, name="gradient") for g, w in zip(grads, worker_ranks)], tracer=tr))
+                weights.grad = torch.stack(grads).mean(0)              # the mean of the N workers' gradients
                 optimizer.step()
-            losses.append(loss.item())
-        times.append(clock() - start)
+            elif role == "worker":
+                me = rank - servers
+                x, y = (t.to(device) for t in worker_batch(dataset, me, workers, batch_size, step, seed))
+                if strategy == "server":
+                    _wait(p2p.post([p2p.Op("recv", params[lo:hi], s, name="params")
+                                    for s, (lo, hi) in zip(server_ranks, bounds)], tracer=tr))
+                    loss, grad = forward_backward(model, params, x, y, loss_fn, tr)
+                    _wait(p2p.post([p2p.Op("send", grad[lo:hi], s, name="gradient")
+                                    for s, (lo, hi) in zip(server_ranks, bounds)], tracer=tr))
+                else:
+                    loss, grad = forward_backward(model, weights.detach(), x, y, loss_fn, tr)
+                    if workers > 1:
+                        ring_allreduce(grad, op="avg", group=group, tracer=tr, check=False)
+                    weights.grad = grad
+                    optimizer.step()
+                losses.append(loss.item())
+            times.append(clock() - start)
     out = {"rank": rank, "role": role, "times": times, "losses": losses}
     if role == "server" or (role == "worker" and strategy == "ring"):
         out["params"] = weights.detach().cpu().clone()               # on the host, for the caller

@@ -115,16 +115,16 @@ def watch_parent(parent_pid: int, also_kill: tuple = (), interval: float = 1.0) 
     clean-up of its own, and this keeps its engines from living on as orphans. An engine
     forked by `ddnb.runtime.zygote` has the zygote as its parent: it exits when the zygote
     does, and the zygote exits when `parent_pid` is gone. Returns this process's pid."""
+    from ddnb.runtime.waiting import pid_alive
+
     launcher = os.getppid()   # parent_pid, or the zygote it started
 
     def loop():
         while True:
             time.sleep(interval)
-            try:
-                os.kill(parent_pid, 0)
-                alive = os.getppid() == launcher
-            except OSError:
-                alive = False
+            # a kernel killed while its parent (nbval, a test runner) is still tearing down
+            # is a zombie for a while: it answers kill(pid, 0), but it is gone
+            alive = pid_alive(parent_pid) and os.getppid() == launcher
             if not alive:
                 for pid in also_kill:
                     kill_group(pid)
