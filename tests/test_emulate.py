@@ -4,9 +4,11 @@ mode, overruns are reported, and bad profiles fail before any process starts.
 
 Times here are emulated, so they do not depend on this machine's speed; the profile's
 alpha and slowdown are large enough (20 ms of real time per message) that the real work
-fits inside them on a quiet machine. On a loaded one a rank can still wake late (an
-overrun, counted in emulated seconds): it only ever adds time, so the checks below allow a
-time above its model by at most the overruns of all ranks during the run (`on_model`).
+fits inside them on a quiet machine. A rank that wakes late (a lag) changes no emulated
+time in a rank whose clock only its own thread moves (tested below at slowdown 1e-6);
+where a second thread moves it, a lag is an overrun, which only ever adds time, so the
+checks below allow a time above its model by at most the overruns of all ranks during
+the run (`on_model`).
 Speed targets live in the benchmarks."""
 import psutil
 import pytest
@@ -137,17 +139,63 @@ def test_results_are_bit_identical_to_real_mode(world, algorithm):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-def test_an_overrun_is_reported():
-    # slowdown 1e-6: a microsecond of real work would need to take a picosecond
+def _matmul_then_ring(m, numel):
+    """Emulated seconds of a matmul and a ring all-reduce between two barriers, and this
+    rank's report."""
+    from ddnb.collectives import ring_allreduce
+    from ddnb.emulate import current
+    from ddnb.timing import barrier_and_clock
+
+    barrier, clock = barrier_and_clock()
+    a, x = torch.randn(m, m), torch.ones(numel)
+    barrier()
+    t0 = clock()
+    a @ a
+    ring_allreduce(x)
+    return clock() - t0, current().report()
+
+
+def test_a_lag_changes_no_emulated_time_in_a_single_threaded_rank():
+    # slowdown 1e-6: a microsecond of real work would need to take a picosecond, so every
+    # sync lags; the times are the model's all the same, equal to a run at slowdown 20
     fast = SLOW.with_(slowdown=1e-6, name="too-fast")
-    with World(2, emulate=fast, timeout=60) as w:
-        w.run(_matmul, 600, 600, 600)   # tens of real ms, far over TOLERANCE
+    with World(3, emulate=fast, timeout=60) as w:
+        lagged = w.run(_matmul_then_ring, 300, 30001)
         reports = w.emulation_reports()
-    assert all(r["overruns"] >= 1 for r in reports)
-    assert "raise slowdown" in emulate.summary(reports) and "too-fast" in emulate.summary(reports)
+    with World(3, emulate=SLOW, timeout=120) as w:
+        paced = w.run(_matmul_then_ring, 300, 30001)
+    assert all(r["lags"] >= 1 and r["overruns"] == 0 and not r["threaded"] for r in reports)
+    # equal to the float precision of clocks that count from a real start (1e6 s at 1e-6)
+    assert [t for t, _ in lagged] == pytest.approx([t for t, _ in paced], abs=1e-8)
+    compute = 2 * 300 ** 3 / PEAK
+    assert all(t > compute + 4 * ALPHA for t, _ in lagged)     # the ring's 2(N-1) messages, N = 3
+    assert "no overruns" in emulate.summary(reports)
 
 
-def test_idle_time_between_tasks_is_not_an_overrun_but_late_work_is():
+def test_an_overrun_is_reported_where_a_second_thread_moves_the_clock():
+    import threading
+    import time
+
+    from ddnb.emulate import Emulator
+
+    em = Emulator(SLOW, 0, 1, time.monotonic())
+    em.charge(1e-4)                   # 2 real ms of modeled work ...
+    time.sleep(0.05)                  # ... took 50: a lag, no emulated time changes
+    em.sync()
+    assert (em.lags, em.overruns, em.t) == (1, 0, pytest.approx(1e-4, abs=1e-3 / 20))
+    thread = threading.Thread(target=em.advance_to, args=(em.t,))   # a communication thread
+    thread.start()
+    thread.join()
+    em.charge(1e-4)
+    time.sleep(0.05)                  # the two threads' order now follows real time: an overrun
+    em.sync()
+    # late by both sleeps: the first lag left the clock at its model
+    assert em.threaded and em.overruns == 1 and em.overrun_time == pytest.approx(0.1 / 20 - 2e-4, abs=0.01 / 20)
+    summary = emulate.summary([em.report()])
+    assert "1 overruns in" in summary and "raise slowdown" in summary
+
+
+def test_idle_time_between_tasks_is_not_a_lag():
     import time
 
     from ddnb.emulate import Emulator
@@ -156,11 +204,7 @@ def test_idle_time_between_tasks_is_not_an_overrun_but_late_work_is():
     time.sleep(0.05)                  # idle: 50 real ms, over TOLERANCE
     em.resume()
     em.sync()
-    assert em.overruns == 0
-    em.charge(1e-4)                   # 2 real ms of modeled work ...
-    time.sleep(0.05)                  # ... took 50
-    em.sync()
-    assert em.overruns == 1 and em.overrun_time == pytest.approx(0.05 / 20 - 1e-4, abs=0.01 / 20)
+    assert em.lags == em.overruns == 0
 
 
 @pytest.mark.parametrize("make, names", [

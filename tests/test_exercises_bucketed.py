@@ -191,8 +191,8 @@ def test_a_stub_is_not_attempted():
         def finish(self):
             raise NotImplementedError("Exercise 06.5: write MyStub")
 
-    assert check_bucketed(MyStub, exercise="06.5").startswith("Exercise 06.5 not attempted yet: Exercise 06.5: "
-                                                               "write MyStub")
+    said = check_bucketed(MyStub, exercise="06.5")
+    assert said.startswith("Exercise 06.5 not attempted yet: ") and "MyStub" in said
 
 
 def test_bad_arguments_are_named():

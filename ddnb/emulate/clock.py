@@ -13,11 +13,18 @@ has finished all it was given. Work advances it; real time is kept in step with 
   that travels with the real bytes (`ddnb.emulate.messages`), so the arrival time comes
   from the real message the real program sent;
 - before anything another process can see (a message, a collective, a reading of the
-  clock), the worker **syncs**: it sleeps until real time reaches `t x slowdown`. If real
-  time is already later by more than `TOLERANCE` real seconds, the real work (or a real
-  wait on another worker) took longer than its model: an **overrun**. It is counted,
-  `t` moves to the real time (the time printed is then the real one, too slow), and
-  `report()` says so; raise the slowdown until there are none.
+  clock), the worker **syncs**: it sleeps until real time reaches `t x slowdown`, so the
+  real run keeps the emulated one's pace and order. If real time is already later (the
+  real work, or the wait for a CPU that other ranks' real work holds, took longer than its
+  model), the sync **lags**. In a rank whose clock only its own thread moves, a lag
+  changes no emulated time: every time is computed from the model, the headers and the
+  program's order (one virtual clock per rank, as SimGrid's SMPI), so the same program
+  gives the same emulated times at any slowdown (tested). Where another thread of the rank
+  also moves its clock (a communication thread, `ddnb.data_parallel.bucketed` with its own
+  all-reduce), which of the two threads comes first follows real time: there a lag of more
+  than `TOLERANCE` real seconds is an **overrun**. It is counted, `t` moves to the real
+  time (the time printed is then the real one, too slow), and `report()` says so; raise
+  the slowdown until there are none.
 
 Modeled: one full-duplex link per rank and kind (intra-host, inter-host), so a rank's
 messages share its link in each direction (a NIC serializes), each holding it for
@@ -37,9 +44,9 @@ import time
 
 from ddnb.emulate.profile import Profile, get_profile
 
-# Real seconds by which a worker may be late at a sync without it counting as an overrun:
-# sleeping to a deadline wakes a median 0.15 ms late here, p95 1.0-1.6 ms with 8-16
-# processes on 2 cores. Lateness within it is not added to emulated time.
+# Real seconds by which a worker may lag at a sync without it counting (as a lag, and in a
+# rank with a second thread on its clock as an overrun): sleeping to a deadline wakes a
+# median 0.15 ms late here, p95 1.0-1.6 ms with 8-16 processes on 2 cores.
 TOLERANCE = 0.004
 
 
@@ -49,14 +56,18 @@ class Emulator:
     def __init__(self, profile: Profile, rank: int, world_size: int, epoch: float):
         self.profile, self.rank, self.world_size, self.epoch = profile, rank, world_size, epoch
         self.lock = threading.RLock()
+        self.owner = threading.get_ident()   # the thread that activated emulation (the rank's main thread)
         self.reset()
 
     def reset(self) -> None:
         """Start the clock at real time again, with free links and no counts."""
         self.t = max(0.0, self.real_now())
         self.free = {}             # (direction, link kind) -> emulated time the link is free
-        self.syncs = self.overruns = 0
+        self.syncs = self.overruns = self.lags = 0
         self.overrun_time = self.max_overrun = 0.0   # emulated seconds
+        self.max_lag = 0.0                           # real seconds
+        self.threaded = False      # has a thread other than `owner` moved this clock?
+        self.pending_collectives = None   # a backward pass's DDP buckets (`messages.EmulatedAllReduce`)
         self.flops = self.compute_time = 0.0
         self.messages = self.bytes_sent = 0
         self.unmodeled = {}        # torch.distributed op -> calls made outside the message layer
@@ -68,12 +79,12 @@ class Emulator:
         allocations, autograd's first graph, gloo's first use of a pair) that its model
         leaves out, and its times are not reported, so its overruns say nothing about them."""
         with self.lock:
-            saved = (self.syncs, self.overruns, self.overrun_time, self.max_overrun)
+            saved = (self.syncs, self.overruns, self.overrun_time, self.max_overrun, self.lags, self.max_lag)
         try:
             yield
         finally:
             with self.lock:
-                self.syncs, self.overruns, self.overrun_time, self.max_overrun = saved
+                self.syncs, self.overruns, self.overrun_time, self.max_overrun, self.lags, self.max_lag = saved
 
     # ------------------------------------------------------------------ time
     def real_now(self) -> float:
@@ -87,12 +98,20 @@ class Emulator:
             self.compute_time += seconds
             self.flops += flops
 
+    def _mark_thread(self) -> None:
+        if threading.get_ident() != self.owner:
+            self.threaded = True
+
     def advance_to(self, t: float) -> None:
+        self._mark_thread()
         with self.lock:
             self.t = max(self.t, t)
 
     def sync(self) -> float:
-        """Sleep until real time reaches `t` (or count an overrun); returns `t`."""
+        """Sleep until real time reaches `t`; returns `t`. A lag beyond TOLERANCE is
+        counted; it is an overrun (and moves `t` to the real time) only in a rank where
+        another thread also moves the clock (see the module docstring)."""
+        self._mark_thread()
         with self.lock:
             target = self.t
             self.syncs += 1
@@ -101,10 +120,13 @@ class Emulator:
             time.sleep(-late * self.profile.slowdown)
         elif late * self.profile.slowdown > TOLERANCE:
             with self.lock:
-                self.overruns += 1
-                self.overrun_time += late
-                self.max_overrun = max(self.max_overrun, late)
-                self.t = max(self.t, target + late)
+                self.lags += 1
+                self.max_lag = max(self.max_lag, late * self.profile.slowdown)
+                if self.threaded:
+                    self.overruns += 1
+                    self.overrun_time += late
+                    self.max_overrun = max(self.max_overrun, late)
+                    self.t = max(self.t, target + late)
         return self.t
 
     def resume(self) -> float:
@@ -141,6 +163,7 @@ class Emulator:
         arrived here: alpha + n / B on this rank's incoming link, once it is free."""
         kind = self._kind(src)
         link = getattr(self.profile, kind)
+        self._mark_thread()
         with self.lock:
             begin = max(start, self.free.get(("in", kind), 0.0))
             end = begin + link.time(nbytes)
@@ -177,7 +200,8 @@ class Emulator:
         with self.lock:
             return {"rank": self.rank, "profile": self.profile.name, "time": self.t, "syncs": self.syncs,
                     "overruns": self.overruns, "overrun_time": self.overrun_time,
-                    "max_overrun": self.max_overrun, "flops": self.flops, "compute_time": self.compute_time,
+                    "max_overrun": self.max_overrun, "lags": self.lags, "max_lag": self.max_lag,
+                    "threaded": self.threaded, "flops": self.flops, "compute_time": self.compute_time,
                     "messages": self.messages, "bytes_sent": self.bytes_sent, "unmodeled": dict(self.unmodeled)}
 
 

@@ -139,12 +139,32 @@ class EmulatedAllReduce:
         return True
 
     def get_future(self):
-        """A torch Future completed with [tensor] once the all-reduce is done in emulated
-        time (what a DDP communication hook returns)."""
+        """A torch Future completed with [tensor] once the all-reduce is done for real (what
+        a DDP communication hook returns). Its emulated end is taken in the rank's own
+        thread at the end of the backward pass (an autograd final callback, after DDP's
+        reducer has launched every bucket), so the clock is moved to max(end of backward's
+        compute, end of each bucket's all-reduce) in program order, never by gloo's thread
+        at a moment real time decides. Outside a backward pass, by gloo's thread."""
+        pending = getattr(self.em, "pending_collectives", None)
+        if pending is None:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+                pending = self.em.pending_collectives = []
+            except RuntimeError:              # not in a backward pass
+                pending = None
+        if pending is not None:
+            pending.append(self)
+            return self.works[1].get_future().then(lambda _: self.tensor)
+
         def done(_):
             self.wait(_from_callback=True)
             return self.tensor
         return self.works[1].get_future().then(done)
+
+    def _end_of_backward(self) -> None:
+        pending, self.em.pending_collectives = self.em.pending_collectives, None
+        for work in pending:
+            work.wait()
 
 
 def ddp_comm_hook(group, bucket):
