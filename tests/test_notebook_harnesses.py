@@ -17,8 +17,8 @@ from ddnb.cost.measure import measure_first
 from ddnb.models import GPTConfig
 from ddnb.pipeline_parallel.demo import pipeline_step
 from ddnb.runtime.errors import WorkerError
-from ddnb.tensor_parallel.demo import (against_torch, check_against_reference, cross_entropies, measure_memory,
-                                       traced_step)
+from ddnb.tensor_parallel.demo import (against_torch, check_against_reference, cross_entropies, held_shapes,
+                                       measure_memory, traced_step)
 
 TP_CFG = GPTConfig(vocab_size=16, seq_len=8, d_model=32, n_heads=4, n_layers=2)
 
@@ -177,3 +177,16 @@ def test_measure_first_times_each_part_on_the_first_n_ranks(world):
     with pytest.raises(WorkerError) as e:
         world(4).run(measure_first, 5, 0)
     assert "n=5" in str(e.value) and "size" in str(e.value)
+
+
+def test_held_shapes_are_the_rank_s_shards(world):
+    d, h = TP_CFG.d_model, 4 * TP_CFG.d_model
+    out = world(4).run(held_shapes, 4, TP_CFG)
+    assert out == [{"fc.weight": (h // 4, d), "fc.bias": (h // 4,), "proj.weight": (d, h // 4), "proj.bias": (d,)}] * 4
+    weights = sum(s[0] * s[1] for name, s in out[0].items() if name.endswith("weight"))
+    assert weights == 2 * h * d // 4 == 2048                     # exercise 10.3's answer
+    two = world(4).run(held_shapes, 2, TP_CFG, "attention")
+    assert two[2:] == [None, None] and two[0]["qkv.weight"] == (3 * d // 2, d)
+    with pytest.raises(WorkerError) as e:
+        world(4).run(held_shapes, 3, TP_CFG, "head")
+    assert "what" in str(e.value) and "ranks [0, 1, 2, 3] raised" in str(e.value)

@@ -8,5 +8,7 @@
 - `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
   Horovod) (`notebooks/06_data_parallelism.ipynb`);
 - `ddnb.bench.compress`: bytes per step, step time and final accuracy per gradient
-  compression method (`notebooks/14_precision_compression.ipynb`).
+  compression method (`notebooks/14_precision_compression.ipynb`);
+- `ddnb.bench.emulated_ring`: the ring all-reduce's time, and its latency and bandwidth
+  terms, measured on an emulated cluster (`notebooks/12_scalability.ipynb`; no command).
 """

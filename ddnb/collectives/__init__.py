@@ -10,7 +10,8 @@ it reduces `tensor` in place on every rank of `group` and returns it, recording 
 message (and the reduction arithmetic) in the tracer. Ops and the cross-rank input
 check live in `ops.py`; each algorithm's messages, step by step, as plain data in
 `schedules.py` (`allreduce_schedule`), which tests check against the traced messages;
-`compare.py` checks an all-reduce written in a notebook cell against ddnb's and torch's.
+`compare.py` checks an all-reduce written in a notebook cell against ddnb's and torch's;
+`wire.py` counts the bytes a rank sends in one of them, from its trace.
 Then all-to-all, from the same messages:
 
     all_to_all                   pairwise exchange, N-1 rounds, uneven splits too   all_to_all.py

@@ -12,8 +12,10 @@ the same step (the global-batch step). Naive first, then better:
     grad_flow.py  gradient_flow, record_gradient_flow  per layer and rank, live: local gradient, its bucket,
                                                    the bucket's all-reduce start/end, the average
     demo.py       train_dp                         chapter 06's first run, traced
+    ddp_buckets.py ddp_bucket_bytes                torch DDP's buckets, per step, seen by a comm hook
 
-Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb`; measured
+Taught in `notebooks/06_data_parallelism.ipynb` and `notebooks/07_horovod.ipynb` (DDP's buckets
+in `notebooks/12_scalability.ipynb`); measured
 by `python -m ddnb.bench dp` (`ddnb/bench/dp.py`).
 """
 from ddnb.data_parallel.bucketed import BucketedDataParallel, assign_buckets, overlap_stats

@@ -2,9 +2,13 @@
 profile of the hardware (devices, links, hosts), so that a 2-core laptop shows what a GPU
 cluster does: a pipeline's bubble shrinking, communication hidden behind backward, the
 ring overtaking the tree. Like a network emulator (Mininet: Handigol et al., CoNEXT 2012)
-it runs the real program and paces it; unlike a simulator it computes nothing from the
-formula it is compared with: an emulated time comes out of the real run (real messages
-and waits, each operation charged its modeled time).
+it runs the real program with its real messages in their real order; each rank keeps a
+virtual clock that every message (its header carries the emulated time it left) and every
+operation (its roofline time) advances, as SimGrid's SMPI does, and real time is paced to
+it. Message times come out of the real run; torch.distributed's own collectives are
+charged the ring's alpha-beta time, so their times are that formula, not a measurement
+(`messages.py`). A rank whose real work falls behind the pace lags without changing any
+emulated time; only where a second thread moves its clock is a lag an overrun (`clock.py`).
 
     cluster = ddnb.Cluster(n=8, emulate="ib")          # or emulate=ddnb.emulate.custom(...)
     profile.py   Profile, Link, PROFILES ("10gbe", "ib", "nvlink"), custom, get_profile

@@ -1,5 +1,7 @@
-"""An emulated run that overran is a wrong time, not noise: a rank's real work took longer
-than the time its model allows, so the emulated clock waited on the real one. `without_overruns`
+"""An emulated run that overran is a wrong time, not noise: in a rank whose clock a second
+thread also moves (a communication thread), real work took longer than its model allows,
+so the order of the two threads, and the clock, followed real time (`ddnb.emulate.clock`;
+a single-threaded rank only lags, which changes no emulated time). `without_overruns`
 runs again at a higher slowdown until no rank overran, saying so. A run that still overran
 after its tries is refused (`refuse=True`, a RuntimeError) or returned under a warning line
 that says its times are wrong (the default: a learner's notebook on a busy laptop goes on,

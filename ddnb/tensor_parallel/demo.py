@@ -7,6 +7,8 @@ it must; ranks >= t return None), and returns plain numbers the notebook prints.
     traced_step(t, cfg, what)         the collectives of one block's / the GPT's step, counted
     cross_entropies(t, V, N)          vocab-parallel and gathered cross-entropy against F.cross_entropy
     measure_memory(t, cfg)            parameters, gradients, optimizer, activations per rank
+    held_shapes(t, cfg, what)         the shape of every parameter this rank holds of layer 1's MLP,
+                                      attention or block
     against_torch(t, cfg, reps)       TensorParallelMLP against torch's ColwiseParallel / RowwiseParallel
 
 The layers follow Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3): per block
@@ -171,6 +173,25 @@ def measure_memory(t: int, cfg: GPTConfig) -> tuple | None:
     for e in tracer.take():
         traffic[e["phase"]] = traffic.get(e["phase"], 0) + e["nbytes"]
     return {**model_memory(model, opt), "activations": act.peak}, traffic
+
+
+def held_shapes(t: int, cfg: GPTConfig, what: str = "MLP") -> dict | None:
+    """The shape of every parameter this rank really holds of layer 1 of `gpt(cfg, seed=0)`
+    when its MLP, attention or block (`what`) is built `from_module(reference, group)` on
+    ranks [0, t): {name: shape tuple}, e.g. for the MLP fc.weight (4d/t, d) (column split),
+    proj.weight (d, 4d/t) (row split), fc.bias (4d/t,) and proj.bias (d,), replicated
+    (Shoeybi et al. 2019, Sec. 3, Eq. 3). Read by exercise 10.3, which counts the weight
+    elements of a rank from these shapes."""
+    with Checks("held_shapes") as check:
+        _check_t(check, t)
+        check.choice("what", what, ["MLP", "attention", "block"])
+    group = _group_of_first(t)
+    if group is None:
+        return None
+    ref = gpt(cfg, seed=0)[1]
+    module, cls = {"MLP": (ref.mlp, TensorParallelMLP), "attention": (ref.attn, TensorParallelAttention),
+                   "block": (ref, TensorParallelBlock)}[what]
+    return {name: tuple(p.shape) for name, p in cls.from_module(module, group).named_parameters()}
 
 
 def against_torch(t: int, cfg: GPTConfig, reps: int = 0) -> tuple | None:
