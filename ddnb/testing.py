@@ -175,6 +175,13 @@ class World:
                 check.rule(not horovod, "emulate with horovod=True: Horovod is not emulated (its collectives "
                                         "would run at real speed)")
         self.threads = threads_for(n, threads)   # intra-op threads of every rank
+        if profile is not None and backend != "gloo":
+            import warnings
+
+            from ddnb.runtime.placement import EMULATED_ON_GLOO
+
+            warnings.warn(f"World(backend={backend!r}, emulate=...): {EMULATED_ON_GLOO}", stacklevel=2)
+            backend = "gloo"
         self.backend = backend = check_backend(backend, n)
         self.n, self.timeout, self.horovod = n, timeout, horovod
         self.broken = False

@@ -327,6 +327,13 @@ def test_backend_selection():
         _choose_backend("nccl", ["a"], [0])
 
 
+def test_an_emulated_cluster_runs_on_gloo_and_says_so_on_a_gpu_host():
+    for asked in ("auto", "nccl"):
+        backend, note = _choose_backend(asked, ["a", "a"], [2, 2], emulated=True)
+        assert backend == "gloo" and "emulated cluster runs on gloo" in note
+    assert _choose_backend("auto", ["a", "a"], [0, 0], emulated=True) == ("gloo", None)   # nothing to say on a CPU host
+
+
 def test_device_follows_the_backend():
     import torch
 

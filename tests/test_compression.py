@@ -9,7 +9,7 @@ import torch
 
 from ddnb.compression import (METHODS, PowerSGDState, TopKState, make_hook, method_bytes, powersgd_bytes,
                               sign_bytes, topk_bytes)
-from ddnb.compression.sign import pack_signs, scaled_sign, unpack_signs
+from ddnb.compression.sign import pack_signs, unpack_signs
 from ddnb.compression.topk import topk_compress
 from ddnb.compression.train import train_compressed
 from ddnb.runtime.errors import WorkerError
@@ -127,8 +127,8 @@ def _reference(method, n, steps, k=None):
                 keep = torch.zeros(126)
                 top = a.abs().argsort(descending=True)[:k]
                 keep[top] = a[top]
-            else:
-                keep = torch.cat([scaled_sign(p) for p in a.split(sizes)])
+            else:   # signSGD with a scale (Bernstein et al. 2018; Karimireddy et al. 2019, Alg. 1): (|p|_1 / d) sign(p)
+                keep = torch.cat([(p.abs().mean()) * torch.where(p < 0, -1.0, 1.0) for p in a.split(sizes)])
             errors[r] = a - keep
             sent.append(keep)
         out.append(sum(sent) / n)

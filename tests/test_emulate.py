@@ -234,7 +234,7 @@ def test_bad_profiles_fail_before_any_process_starts():
 
 def test_named_profiles_cite_their_sources():
     for name, p in emulate.PROFILES.items():
-        assert p.name == name and "datasheet" in p.source or "GbE" in p.source
+        assert p.name == name and ("datasheet" in p.source or "GbE" in p.source)
         assert name in str(p) and "emulated" in str(p)
 
 
@@ -455,3 +455,9 @@ def test_an_all_gather_takes_the_rings_time_and_each_op_its_launch_overhead():
             assert on_model(op, overhead + 3 * nbytes / 1e12, late, rel=0.02)
     with pytest.raises(ValueError, match="op_overhead"):
         SLOW.with_(op_overhead=-1.0)
+
+
+def test_an_emulated_world_runs_on_gloo_whatever_was_asked():
+    with pytest.warns(UserWarning, match="emulated cluster runs on gloo"):
+        with World(2, backend="nccl", emulate=SLOW, timeout=60) as w:
+            assert w.backend == "gloo" and w.run(lambda: 1) == [1, 1]

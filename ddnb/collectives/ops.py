@@ -101,6 +101,18 @@ def finish(x: torch.Tensor, op: str, world_size: int, tracer: Tracer | None = No
     return x
 
 
+def header_device(group=None) -> torch.device:
+    """Where a small message that every rank of `group` sends (a check's header, a
+    parameter server's header) lives: the host on a group that carries host tensors (gloo,
+    and "cpu:gloo,cuda:nccl", whose CPU tensors go over gloo), this rank's GPU on a pure
+    nccl group (nccl carries CUDA tensors only). It depends on the group alone, never on
+    the arguments, so a rank with bad arguments sends on the same backend as the others
+    (a CPU header from one rank and CUDA ones from the rest would meet on two backends)."""
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def wire_device(tensor: torch.Tensor, group=None) -> torch.device:
     """Where the messages' buffers must live: the tensor's own device, except that gloo's
     point-to-point messages read host memory only (ProcessGroupGloo::send hands the
@@ -252,13 +264,9 @@ def _describe(row: list[int], what_by_crc: dict) -> str:
 
 
 def _check_device(tensor, group) -> torch.device:
-    """Where the check's headers travel: the tensor's wire device, or, for something that
-    is not a tensor, the host on gloo and this rank's GPU on nccl."""
-    if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
-        return wire_device(tensor, group)
-    if dist.get_backend(group) == "gloo":
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
+    """Where the check's headers travel: `header_device(group)`, the same on every rank
+    whatever it was passed (a tensor, or something that is not one)."""
+    return header_device(group)
 
 
 def share_rows(row: torch.Tensor, group=None, tracer: Tracer | None = None) -> list[list[int]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ddnb.collectives.ops import share_rows
+from ddnb.collectives.ops import header_device, share_rows
 from ddnb.collectives.p2p import group_rank, group_size
 from ddnb.trace import Tracer
 
@@ -51,11 +51,11 @@ def _ranks_by(values) -> dict:
     return out
 
 
-def agree(what: str, found: list[str], fields: dict[str, int], group=None, tracer: Tracer | None = None,
-          device: torch.device | str = "cpu") -> None:
+def agree(what: str, found: list[str], fields: dict[str, int], group=None, tracer: Tracer | None = None) -> None:
     """Raise one ValueError on every rank of `group` if any rank found problems or the
     ranks' `fields` differ; return silently (on every rank) otherwise. `found` is raised
-    at once, without a message, when the group has one rank."""
+    at once, without a message, when the group has one rank. The headers live on
+    `header_device(group)`, the same on every rank whatever its arguments."""
     rank, n = group_rank(group), group_size(group)
     if n == 1:
         if found:
@@ -64,7 +64,7 @@ def agree(what: str, found: list[str], fields: dict[str, int], group=None, trace
     text = "; ".join(found).encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
     values = [int(v) if not found else -1 for v in fields.values()]
     header = torch.tensor(values + np.frombuffer(text, dtype=np.int64).tolist(), dtype=torch.int64)
-    table = share_rows(header.to(device), group, tracer)
+    table = share_rows(header.to(header_device(group)), group, tracer)
     k = len(fields)
     texts = [np.array(row[k:], dtype=np.int64).tobytes().rstrip(b"\0").decode(errors="ignore") for row in table]
     if any(texts):

@@ -28,10 +28,11 @@ from ddnb.context_parallel.ring_attention import chunks_of, gather_sequence, pro
 from ddnb.trace import Tracer
 
 
-def positions(rank: int, world_size: int, shard_len: int, layout: str) -> torch.Tensor:
-    """The global sequence positions of rank's shard rows, (S/N,)."""
+def positions(rank: int, world_size: int, shard_len: int, layout: str, device=None) -> torch.Tensor:
+    """The global sequence positions of rank's shard rows, (S/N,), on `device`."""
     piece = shard_len // len(chunks_of(rank, world_size, layout))
-    return torch.cat([torch.arange(c * piece, (c + 1) * piece) for c in chunks_of(rank, world_size, layout)])
+    return torch.cat([torch.arange(c * piece, (c + 1) * piece, device=device)
+                      for c in chunks_of(rank, world_size, layout)])
 
 
 def _gather(x: torch.Tensor, n: int, group, tracer) -> list[torch.Tensor]:
@@ -56,8 +57,8 @@ def allgather_attention(q, k, v, group=None, causal: bool = False, layout: str =
     v_full = gather_sequence(_gather(v, n, group, tracer), layout)
     mask = None
     if causal:
-        mine = positions(rank, n, q.shape[2], layout)                   # (S/N,)
-        mask = mine[:, None] >= torch.arange(k_full.shape[2])[None, :]  # (S/N, S): key position <= query's
+        mine = positions(rank, n, q.shape[2], layout, q.device)         # (S/N,), where q is
+        mask = mine[:, None] >= torch.arange(k_full.shape[2], device=q.device)[None, :]   # (S/N, S): key <= query
     return F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
 
 

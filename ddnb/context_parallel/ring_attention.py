@@ -265,8 +265,7 @@ def ring_attention(q, k, v, group=None, causal: bool = False, layout: str = "con
     fit (one small header each, `agree`), so a bad one raises on every rank."""
     found = problems(q, k, v, causal, layout)
     if check:
-        agree("ring_attention", found, call_fields(q, causal, layout, found), group, tracer,
-              "cpu" if found else q.device)
+        agree("ring_attention", found, call_fields(q, causal, layout, found), group, tracer)
     elif found:
         raise ValueError(f"ring_attention on rank {group_rank(group)}: " + "; ".join(found))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -91,7 +91,7 @@ def ulysses_attention(q, k, v, group=None, causal: bool = False, tracer: Tracer 
     if check:
         names = ("batch", "heads", "shard length", "head_dim", "dtype", "causal")
         fields = dict.fromkeys(names, 0) if found else dict(zip(names, (*q.shape, dtype_code(q.dtype), int(causal))))
-        agree("ulysses_attention", found, fields, group, tracer, "cpu" if found else q.device)
+        agree("ulysses_attention", found, fields, group, tracer)
     elif found:
         raise ValueError(f"ulysses_attention on rank {group_rank(group)}: " + "; ".join(found))
     qh, kh, vh = seq_to_heads(torch.stack([q, k, v]), group, tracer)   # 3 x (B, H/N, S, D)

@@ -194,16 +194,17 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch.distributed as dist
 
     from ddnb.collectives import p2p
+    from ddnb.collectives.ops import header_device
     from ddnb.emulate import uncounted
-    from ddnb.timing import barrier_and_clock
+    from ddnb.runtime.worker import rank_device
     from ddnb.trace import Tracer
 
     sizes, world_size, rank = _p2p_args("pingpong", sizes_bytes, iters, warmup, group)
-    barrier, clock = barrier_and_clock()
+    barrier, clock = _device_clock()
     quiet = Tracer(enabled=False)
-    times = torch.zeros(len(sizes), dtype=torch.float64)
+    times = torch.zeros(len(sizes), dtype=torch.float64, device=header_device(group))
     for i, size in enumerate(sizes):
-        buf = torch.zeros(size // 4, dtype=torch.float32)
+        buf = torch.zeros(size // 4, dtype=torch.float32, device=rank_device())   # where the rank's data lives
         barrier(group=group)
         if rank in (0, 1):
             peer = 1 - rank
@@ -220,6 +221,25 @@ def pingpong(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     with uncounted():                       # bookkeeping, after the timed messages
         dist.broadcast(times, p2p.global_rank(group, 0), group=group)
     return times.tolist()
+
+
+def _device_clock():
+    """(barrier, clock) of `ddnb.timing.barrier_and_clock`, the clock reading after the
+    rank's GPU has finished what it was given (nccl's waits return once the copy is queued
+    on the stream, not done), so that a link fitted on a GPU cluster is the one its tensors
+    use (nccl), not the host's (gloo)."""
+    from ddnb.runtime.worker import rank_device
+    from ddnb.timing import barrier_and_clock, _sync
+
+    barrier, clock = barrier_and_clock()
+    device = rank_device()
+    if device.type != "cuda":
+        return barrier, clock
+
+    def synced():
+        _sync(device)
+        return clock()
+    return barrier, synced
 
 
 def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[float]:
@@ -239,16 +259,17 @@ def sendrecv(sizes_bytes, iters: int = 10, warmup: int = 2, group=None) -> list[
     import torch.distributed as dist
 
     from ddnb.collectives import p2p
+    from ddnb.collectives.ops import header_device
     from ddnb.emulate import uncounted
-    from ddnb.timing import barrier_and_clock
+    from ddnb.runtime.worker import rank_device
     from ddnb.trace import Tracer
 
     sizes, world_size, rank = _p2p_args("sendrecv", sizes_bytes, iters, warmup, group)
-    barrier, clock = barrier_and_clock()
+    barrier, clock = _device_clock()
     quiet = Tracer(enabled=False)
-    times = torch.zeros(len(sizes), dtype=torch.float64)
+    times = torch.zeros(len(sizes), dtype=torch.float64, device=header_device(group))
     for i, size in enumerate(sizes):
-        out, inc = torch.zeros(size // 4), torch.zeros(size // 4)  # (size/4,) float32 each
+        out, inc = (torch.zeros(size // 4, device=rank_device()) for _ in range(2))  # (size/4,) float32 each
         barrier(group=group)
         for it in range(warmup + iters):
             if it == warmup:

@@ -16,7 +16,6 @@ this rank's batch loss), "times" (s since the start barrier), "measured" [{"step
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 
 import torch
@@ -30,7 +29,7 @@ from ddnb.decentralized.gossip import consensus_distance, mean_params
 from ddnb.decentralized.topology import topology
 from ddnb.models import accuracy, flat_params, load_flat
 from ddnb.parameter_server.worker import forward_backward, worker_batch
-from ddnb.trace import get_tracer
+from ddnb.trace import get_tracer, now
 
 
 class Worker:
@@ -51,7 +50,7 @@ class Worker:
                       "spectral_gap": self.topo.spectral_gap, "losses": [], "times": [], "measured": []}
         if self.n > 1:
             dist.barrier(group=group)
-        self.t0 = time.time()
+        self.t0 = now()   # the trace's clock: emulated seconds in an emulated cluster
 
     def initial(self) -> torch.Tensor:
         """x_0 (S,): model_fn()'s parameters, the same on every rank."""
@@ -67,7 +66,7 @@ class Worker:
 
     def tick(self) -> None:
         """Record the end of a step."""
-        self.stats["times"].append(time.time() - self.t0)
+        self.stats["times"].append(now() - self.t0)
 
     def measure(self, step: int, x: torch.Tensor, force: bool = False) -> None:
         """At step 0, every measure_every steps and when forced: consensus distance and the
@@ -81,7 +80,7 @@ class Worker:
 
     def finish(self, x: torch.Tensor) -> dict:
         """The stats, with the final parameters and the bytes traced since the start."""
-        end = time.time()
+        end = now()
         if not self.stats["measured"] or self.stats["measured"][-1]["step"] != self.config.steps:
             self.measure(self.config.steps, x, force=True)
         sent = recv = 0

@@ -152,7 +152,7 @@ class ExpertParallelMoE(nn.Module):
         all_to_all(got, sent, group=self.group, tracer=self.tracer, check=False)
         in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
         rows = all_to_all_autograd(x.index_select(0, token), out_splits, in_splits, self.group, self.tracer)
-        local = self.first + torch.arange(per).repeat(n).repeat_interleave(got.reshape(-1))   # (R,): expert ids
+        local = self.first + torch.arange(per, device=got.device).repeat(n).repeat_interleave(got.reshape(-1))   # (R,)
         out = run_experts(self.experts, self.first, rows, local)        # (R, d)
         back = all_to_all_autograd(out, in_splits, out_splits, self.group, self.tracer)       # (A, d)
         y = torch.zeros_like(x).index_add(0, token, gate.unsqueeze(1) * back)

@@ -68,10 +68,11 @@ class ParameterServerError(RuntimeError):
 
 def message_device(group=None) -> torch.device:
     """Where this rank's messages live: its GPU on a pure nccl group (nccl carries CUDA
-    tensors only), else the host (gloo; "cpu:gloo,cuda:nccl" sends CPU tensors over gloo)."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    tensors only), else the host (gloo; "cpu:gloo,cuda:nccl" sends CPU tensors over gloo):
+    `ddnb.collectives.ops.header_device`, the one rule."""
+    from ddnb.collectives.ops import header_device
+
+    return header_device(group)
 
 
 def header(kind: int, clock: int = 0, version: int = 0, loss: float = float("nan"), arg: int = -1,

@@ -153,7 +153,8 @@ class Cluster:
         self.workers = assign_ranks(engine_ids, infos)
         engine_ids, hosts = [w["engine_id"] for w in self.workers], [w["host"] for w in self.workers]
         world = len(engine_ids)
-        self.backend, note = choose_backend(self.backend_requested, hosts, [w["gpus"] for w in self.workers])
+        self.backend, note = choose_backend(self.backend_requested, hosts, [w["gpus"] for w in self.workers],
+                                            emulated=self.emulate is not None)
         if note:
             warnings.warn(note, stacklevel=3)
         self.n = world

@@ -27,13 +27,22 @@ def assign_ranks(engine_ids: list[int], infos: list[dict]) -> list[dict]:
     return workers
 
 
-def choose_backend(backend: str, hosts: list[str], gpus: list[int]) -> tuple[str, str | None]:
+EMULATED_ON_GLOO = ("an emulated cluster runs on gloo over the host (its devices and links are modeled, "
+                    "its tensors live on the CPU): using gloo")
+
+
+def choose_backend(backend: str, hosts: list[str], gpus: list[int], emulated: bool = False) -> tuple[str, str | None]:
     """"auto": GPU_BACKEND ("cpu:gloo,cuda:nccl": CPU tensors over gloo, CUDA
     tensors over nccl) when every worker can have a GPU of its own on its host, else gloo.
     "nccl": pure nccl (what was asked for; CPU tensors then fail), or ValueError without
-    a GPU per worker. Returns (backend, message) where message explains a fallback."""
+    a GPU per worker. `emulated`: gloo whatever the GPUs, said when it is not what a
+    GPU host would give (the emulator's clocks pace host work; a GPU's asynchronous
+    kernels would run outside them). Returns (backend, message) where message explains a
+    fallback."""
     if backend == "gloo":
         return "gloo", None
+    if emulated:
+        return "gloo", (EMULATED_ON_GLOO if backend == "nccl" or any(gpus) else None)
     per_host = {h: hosts.count(h) for h in hosts}
     gpus_on = dict(zip(hosts, gpus))
     short = {h: (n, gpus_on[h]) for h, n in per_host.items() if gpus_on[h] < n}
