@@ -107,7 +107,7 @@ def step_timeline(strategy: str, config: GPTConfig | None = None, batch_size: in
     one warm-up step; returns this rank's [(event label, index, {part: bytes})]. Every
     argument is checked before the first message (the same ValueError on every rank).
     `device`: default `ddnb.runtime.worker.rank_device()` (the rank's GPU under nccl, else CPU)."""
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
 
     config = GPTConfig() if config is None else config
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)

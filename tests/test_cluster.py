@@ -337,7 +337,7 @@ def test_an_emulated_cluster_runs_on_gloo_and_says_so_on_a_gpu_host():
 def test_device_follows_the_backend():
     import torch
 
-    from ddnb.runtime.worker import device_for, rank_device
+    from ddnb.collectives.devices import device_for, rank_device
 
     assert device_for("gloo", 1) == torch.device("cpu")
     assert device_for("nccl", 1) == device_for("cpu:gloo,cuda:nccl", 1) == torch.device("cuda", 1)

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from ddnb.bench.links import measure_gamma, pingpong
 from ddnb.collectives import ALLREDUCES
-from ddnb.cost import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta,
-                       measure_gamma, pingpong)
+from ddnb.cost import ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta
 
 A, B, G = 1e-5, 1e-9, 1e-10  # 10 us per message, 1 GB/s, 10 GB/s reduction
 N = 1e6
@@ -167,7 +167,7 @@ def test_bytes_per_rank_match_the_collectives(world, p):
 
 
 def test_sendrecv_every_rank_gets_the_slowest(world):
-    from ddnb.cost import sendrecv
+    from ddnb.bench.links import sendrecv
 
     got = world(3).run(sendrecv, [4, 65536], 3)
     assert all(g == got[0] for g in got) and len(got[0]) == 2 and all(t > 0 for t in got[0])
@@ -176,7 +176,7 @@ def test_sendrecv_every_rank_gets_the_slowest(world):
 
 
 def test_pair_exchange_same_answer_on_every_rank_and_bad_input(world):
-    from ddnb.cost import pair_exchange
+    from ddnb.bench.links import pair_exchange
     from ddnb.runtime.errors import WorkerError
 
     for n, active in [(2, None), (3, None), (4, 2), (4, 4)]:

@@ -148,7 +148,7 @@ def test_find_unused_parameters_on_cuda(backend, allreduce):
 
 
 def devices_and_sums():
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
 
     device = rank_device()
     on_gpu, on_cpu = torch.ones(3, device=device), torch.ones(3)

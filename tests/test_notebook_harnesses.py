@@ -13,7 +13,7 @@ import torch
 from ddnb.collectives.compare import compare_allreduce
 from ddnb.compression.powersgd import compare_with_hooks
 from ddnb.cost import allreduce_bytes_per_rank, peak_microbatches_in_flight
-from ddnb.cost.measure import measure_first
+from ddnb.bench.measure import measure_first
 from ddnb.models import GPTConfig
 from ddnb.pipeline_parallel.demo import pipeline_step
 from ddnb.runtime.errors import WorkerError

@@ -10,5 +10,9 @@
 - `ddnb.bench.compress`: bytes per step, step time and final accuracy per gradient
   compression method (`notebooks/14_precision_compression.ipynb`);
 - `ddnb.bench.emulated_ring`: the ring all-reduce's time, and its latency and bandwidth
-  terms, measured on an emulated cluster (`notebooks/12_scalability.ipynb`; no command).
+  terms, measured on an emulated cluster (`notebooks/12_scalability.ipynb`; no command);
+- `ddnb.bench.links`: the alpha-beta-gamma model's parameters measured on live processes
+  (ping-pong, sendrecv, a local add, a pairwise swap) (`notebooks/05_allreduce.ipynb`);
+- `ddnb.bench.measure`: those, two all-reduces and a data-parallel step on the first n
+  ranks (`notebooks/12_scalability.ipynb`; no command).
 """

@@ -141,15 +141,15 @@ def rank_allreduce(algorithm: str, size: int, target_seconds: float, repeats: in
 def rank_p2p(pattern: str, size: int, target_seconds: float, repeats: int = 3, max_iters: int = 10_000):
     """(seconds per message of `size` bytes, iterations): "pingpong" between ranks 0 and 1
     (one link alone), or "sendrecv" (every rank to rank+1 at once: all links busy)."""
-    import ddnb.cost as cost
+    from ddnb.bench import links
 
-    fn = {"pingpong": cost.pingpong, "sendrecv": cost.sendrecv}[pattern]
+    fn = {"pingpong": links.pingpong, "sendrecv": links.sendrecv}[pattern]
     return _timed(lambda iters: fn([size], iters=iters, warmup=1)[0], target_seconds, max_iters, repeats)
 
 
 def rank_gamma(size: int) -> float:
     """Seconds per byte of a local add on this rank (all ranks at once, as in a collective)."""
-    from ddnb.cost import measure_gamma
+    from ddnb.bench.links import measure_gamma
 
     return measure_gamma(size, iters=10)
 

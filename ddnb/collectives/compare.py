@@ -35,7 +35,7 @@ def compare_allreduce(fn, algorithm: str = "tree", numel: int = 262_144) -> dict
         ddnb_bytes_sent   bytes ddnb's version sent
     """
     from ddnb.collectives import ALLREDUCES
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
 
     with Checks("compare_allreduce") as check:
         check.rule(callable(fn), f"fn must be a function, got {type(fn).__name__}")

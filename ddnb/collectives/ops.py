@@ -35,6 +35,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ddnb.collectives.devices import header_device, wire_device  # noqa: F401  (the collectives' own)
 from ddnb.collectives.p2p import group_rank, group_size, irecv, isend, recv, send
 from ddnb.trace import Tracer, get_tracer
 
@@ -99,27 +100,6 @@ def finish(x: torch.Tensor, op: str, world_size: int, tracer: Tracer | None = No
         with get_tracer(tracer).span("compute", "average", nbytes=x.numel() * x.element_size()):
             x.div_(world_size)
     return x
-
-
-def header_device(group=None) -> torch.device:
-    """Where a small message that every rank of `group` sends (a check's header, a
-    parameter server's header) lives: the host on a group that carries host tensors (gloo,
-    and "cpu:gloo,cuda:nccl", whose CPU tensors go over gloo), this rank's GPU on a pure
-    nccl group (nccl carries CUDA tensors only). It depends on the group alone, never on
-    the arguments, so a rank with bad arguments sends on the same backend as the others
-    (a CPU header from one rank and CUDA ones from the rest would meet on two backends)."""
-    if str(dist.get_backend(group)) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def wire_device(tensor: torch.Tensor, group=None) -> torch.device:
-    """Where the messages' buffers must live: the tensor's own device, except that gloo's
-    point-to-point messages read host memory only (ProcessGroupGloo::send hands the
-    tensor's data pointer to TCP), so a CUDA tensor on a gloo group travels via the host."""
-    if tensor.device.type != "cpu" and dist.get_backend(group) == "gloo":
-        return torch.device("cpu")
-    return tensor.device
 
 
 @contextlib.contextmanager

@@ -14,9 +14,10 @@ global ranks torch.distributed expects by `global_rank`, the one place that does
     exchange               a send and a receive posted together and both waited for: the
                            deadlock-free step of the ring and butterfly algorithms
 
-In an emulated cluster (`ddnb.emulate`) every message goes through
-`ddnb.emulate.messages` instead (the same bytes, plus a header with its send time), and
-the events record emulated seconds. Taught in `notebooks/03_collectives.ipynb`.
+In an emulated cluster every message goes through the transport the emulator plugged in
+when the worker started (`set_transport`: `ddnb.emulate.messages.post`, the same bytes
+plus a header with its send time), and the events record emulated seconds; this module
+imports nothing of the emulator. Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddnb.emulate.clock import current as _emulator
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -55,8 +55,21 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_TRANSPORT = None   # post(ops, group) -> works of the messages' layer, when not torch.distributed's own
+
+
+def set_transport(post_fn) -> None:
+    """Send every message of this process through `post_fn(ops, group)` (ops: [(kind
+    "send"/"recv", tensor, global peer, tag)], one work per op, each with wait(), `start`
+    and `end`), or through torch.distributed again with None. The emulated cluster plugs
+    its message layer in here when a worker starts (`ddnb.emulate.activate`) and takes it
+    out when it stops, so this module never asks whether it is emulated."""
+    global _TRANSPORT
+    _TRANSPORT = post_fn
+
+
 def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = None, name: str = "send") -> None:
-    if _emulator():
+    if _TRANSPORT is not None:
         return isend(tensor, dst, group, tracer, name).wait()
     start = time.time()
     dist.send(tensor, global_rank(group, dst), group=group)
@@ -64,7 +77,7 @@ def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = Non
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tracer: Tracer | None = None, name: str = "recv") -> None:
-    if _emulator():
+    if _TRANSPORT is not None:
         return irecv(tensor, src, group, tracer, name).wait()
     start = time.time()
     dist.recv(tensor, global_rank(group, src), group=group)
@@ -105,14 +118,14 @@ class Pending:
 
 
 def isend(tensor, dst, group=None, tracer=None, name="send") -> Pending:
-    if _emulator():
+    if _TRANSPORT is not None:
         return post([Op("send", tensor, dst, name=name)], group, tracer)[0]
     return Pending(dist.isend(tensor, global_rank(group, dst), group=group), "send", name, dst, nbytes(tensor),
                    tracer, tensor=tensor)
 
 
 def irecv(tensor, src, group=None, tracer=None, name="recv") -> Pending:
-    if _emulator():
+    if _TRANSPORT is not None:
         return post([Op("recv", tensor, src, name=name)], group, tracer)[0]
     return Pending(dist.irecv(tensor, global_rank(group, src), group=group), "recv", name, src, nbytes(tensor),
                    tracer, tensor=tensor)
@@ -137,10 +150,8 @@ def post(ops: list[Op], group=None, tracer: Tracer | None = None) -> list[Pendin
     waited for here."""
     if not ops:
         return []
-    if _emulator():
-        from ddnb.emulate import messages
-
-        works = messages.post([(op.kind, op.tensor, global_rank(group, op.peer), op.tag) for op in ops], group)
+    if _TRANSPORT is not None:
+        works = _TRANSPORT([(op.kind, op.tensor, global_rank(group, op.peer), op.tag) for op in ops], group)
         return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, tensor=op.tensor,
                         extra=op.extra) for work, op in zip(works, ops)]
     p2p_ops = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, global_rank(group, op.peer),

@@ -27,7 +27,7 @@ def allreduce_bytes_sent(algorithm: str, tensor: torch.Tensor, group=None) -> in
     return the bytes this rank sent, from its trace. Bad arguments raise on every rank
     alike, before any message."""
     from ddnb.collectives import ALLREDUCES
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
 
     with Checks("allreduce_bytes_sent") as check:
         check.choice("algorithm", algorithm, list(ALLREDUCES))

@@ -1,8 +1,7 @@
 """Cost models: what a distributed step should take, before it is measured.
 
-`alpha_beta`: the alpha-beta-gamma model of all-reduce (Thakur et al. 2005) and the
-measurements that give its parameters (ping-pong, sendrecv, a local add), and what it
-leaves out on shared cores (pair_exchange).
+`alpha_beta`: the alpha-beta-gamma model of all-reduce (Thakur et al. 2005) and its fit
+(the measurements that give its parameters run on processes: `ddnb.bench.links`).
 `all_to_all`: the same model for all-to-all, pairwise exchange and Bruck (Thakur et al. 2005).
 `pipeline`: the bubble (p-1)/(m+p-1), step time and activation memory of pipeline
 schedules (Huang et al. 2019; Narayanan et al. 2021).
@@ -14,12 +13,10 @@ schedules (Huang et al. 2019; Narayanan et al. 2021).
 `transformer`: parameters of a GPT, training FLOPs 6·N·D, MFU, days of training (Kaplan et al. 2020).
 `memory_model`: training memory of a GPT on one device, states and activations (Korthikanti et al. 2022).
 `published`: published models' sizes, tokens and compute, as their papers state them.
-`measure`: α, β, γ, two all-reduces and a data-parallel step measured on the first n ranks.
 Each module names the notebook that teaches it; `notebooks/12_scalability.ipynb` combines them.
 """
 from ddnb.cost.all_to_all import ALLTOALL_ALGORITHMS, alltoall_bytes_per_rank, alltoall_time
-from ddnb.cost.alpha_beta import (ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta, measure_gamma,
-                                  pair_exchange, pingpong, sendrecv)
+from ddnb.cost.alpha_beta import ALGORITHMS, allreduce_bytes_per_rank, allreduce_time, fit_alpha_beta
 from ddnb.cost.memory_model import dataset_bytes, max_params, token_bytes, training_memory
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
 from ddnb.cost.pipeline import (interleaved_bubble_fraction, model_parallel_idle_fraction, peak_microbatches_in_flight,
@@ -32,8 +29,7 @@ from ddnb.cost.zero import zero_comm_bytes, zero_memory, zero_memory_parts
 
 __all__ = [
     # alpha_beta
-    "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta", "measure_gamma", "pair_exchange",
-    "pingpong", "sendrecv",
+    "ALGORITHMS", "allreduce_bytes_per_rank", "allreduce_time", "fit_alpha_beta",
     # all_to_all
     "ALLTOALL_ALGORITHMS", "alltoall_bytes_per_rank", "alltoall_time",
     # pipeline, model_parallel

@@ -59,7 +59,7 @@ def alltoall_time(algorithm: str, nbytes: float, world_size: int, alpha: float, 
     ranks (alpha: seconds per message, beta: seconds per byte): (p-1) alpha + (p-1)/p n
     beta for "pairwise", ceil(lg p) alpha + B beta for "bruck" (the module's docstring).
     Every rank sends and receives one message per round, all links busy at once: the
-    `ddnb.cost.sendrecv` link, not the ping-pong one.
+    `ddnb.bench.links.sendrecv` link, not the ping-pong one.
 
     >>> alltoall_time("pairwise", 1e6, 4, alpha=1e-5, beta=1e-9)   # 3e-5 + 7.5e-4
     0.00078

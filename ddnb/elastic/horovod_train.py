@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
     from ddnb.data import digits
     from ddnb.elastic.torchrun_train import SIZES, epoch_order, rank_part
-    from ddnb.launch import set_threads
+    from ddnb.runtime.launcher import set_threads
     from ddnb.models import mlp
 
     p = argparse.ArgumentParser(prog="python -m ddnb.elastic.horovod_train")

@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     """The worker's entry point (`-m ddnb.elastic.torchrun_train`), started by torchrun."""
     import torch.distributed as dist
 
-    from ddnb.launch import set_threads
+    from ddnb.runtime.launcher import set_threads
 
     p = argparse.ArgumentParser(prog="python -m ddnb.elastic.torchrun_train")
     script_arguments(p)

@@ -12,7 +12,8 @@ emulated time; only where a second thread moves its clock is a lag an overrun (`
 
     cluster = ddnb.Cluster(n=8, emulate="ib")          # or emulate=ddnb.emulate.custom(...)
     profile.py   Profile, Link, PROFILES ("10gbe", "ib", "nvlink"), custom, get_profile
-    clock.py     Emulator (a worker's clock and links), activate, report, summary
+    clock.py     Emulator (a worker's clock and links), current, report, summary
+    session.py   activate / deactivate: a worker's emulation started (transport, pacing) and stopped
     compute.py   PacedCompute: every torch operation charged its roofline time
     messages.py  send / recv / exchange with a header; torch collectives at the model's time
     retry.py     without_overruns: run again at a higher slowdown until no rank overran
@@ -21,11 +22,11 @@ Every time measured in emulated mode is emulated seconds of the profile, and is 
 with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
 `notebooks/09_pipeline_parallelism.ipynb`.
 """
-from ddnb.emulate.clock import (TOLERANCE, Emulator, activate, current, deactivate, report, resume, stamp, summary,
-                                warm_up)
+from ddnb.emulate.clock import TOLERANCE, Emulator, current, report, resume, stamp, summary, warm_up
 from ddnb.emulate.compute import uncounted
 from ddnb.emulate.profile import PROFILES, Link, Profile, custom, get_profile
 from ddnb.emulate.retry import overruns, without_overruns
+from ddnb.emulate.session import activate, deactivate
 
 __all__ = ["PROFILES", "TOLERANCE", "Emulator", "Link", "Profile", "activate", "current", "custom", "deactivate",
            "get_profile", "overruns", "report", "resume", "stamp", "summary", "warm_up", "uncounted", "without_overruns"]

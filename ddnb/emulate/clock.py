@@ -42,7 +42,7 @@ import contextlib
 import threading
 import time
 
-from ddnb.emulate.profile import Profile, get_profile
+from ddnb.emulate.profile import Profile
 
 # Real seconds by which a worker may lag at a sync without it counting (as a lag, and in a
 # rank with a second thread on its clock as an overrun): sleeping to a deadline wakes a
@@ -213,56 +213,11 @@ def current() -> Emulator | None:
     return _EMULATOR
 
 
-def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bool = True) -> str:
-    """Runs on every rank: from now on this process is one worker of the emulated cluster
-    `profile` (messages through `ddnb.collectives.p2p` are paced, and with pace_compute
-    every torch operation of this thread is charged its modeled time). `epoch`: a
-    time.monotonic() value shared by all ranks (one machine, one clock)."""
+def install(emulator: Emulator | None) -> None:
+    """Make `emulator` this process's (None: real mode). Called by `ddnb.emulate.session`,
+    which starts and stops a worker's emulation; nothing else sets it."""
     global _EMULATOR
-    deactivate()
-    importlib.import_module("ddnb.collectives")   # first imports are not a worker's work: before the clock starts
-    profile = get_profile(profile)
-    _EMULATOR = Emulator(profile, rank, world_size, epoch)
-    if pace_compute:
-        from ddnb.emulate.compute import start_pacing
-
-        start_pacing(_EMULATOR)
-    _warm_up(rank, world_size)
-    _EMULATOR.reset()   # the warm-up's time and counts are not the run's
-    return profile.name
-
-
-def _warm_up(rank: int, world_size: int) -> None:
-    """A barrier and one ring step on every rank: the first collective and the first
-    messages of a process pay one-time set-up (seconds on a busy machine), which is not
-    the cluster's time."""
-    import torch
-
-    from ddnb.collectives import p2p
-    from ddnb.emulate import messages
-    from ddnb.trace import Tracer
-
-    messages.barrier()
-    if world_size > 1:
-        x, y = torch.zeros(1), torch.zeros(1)
-        p2p.exchange(x, (rank + 1) % world_size, y, (rank - 1) % world_size, tracer=Tracer(enabled=False))
-    layer = torch.nn.Linear(2, 2)          # a training step's first use of autograd, a loss and an optimizer
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)   # (lazy imports: torch.optim loads torch._dynamo)
-    torch.nn.functional.mse_loss(layer(torch.zeros(1, 2)), torch.zeros(1, 2)).backward()
-    optimizer.step()
-    messages.barrier()
-
-
-def deactivate() -> dict | None:
-    """Back to real mode; returns the last report (None if not emulating)."""
-    global _EMULATOR
-    if _EMULATOR is None:
-        return None
-    from ddnb.emulate.compute import stop_pacing
-
-    stop_pacing()
-    report, _EMULATOR = _EMULATOR.report(), None
-    return report
+    _EMULATOR = emulator
 
 
 def warm_up(untimed: bool = True):

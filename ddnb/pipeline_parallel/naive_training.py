@@ -38,7 +38,7 @@ def train_split(cfg, strategy="equal", steps=10, lr=3e-3, batch=32, times=None, 
     `bounds`: the partition itself ([(start, end), ...], one per stage); with fewer stages
     than ranks, the first len(bounds) ranks train in a group of their own and the others
     return None. Without it, `partition_layers(model, world_size, strategy, times)`."""
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
 
     device = rank_device()                                 # cuda:local_rank when nccl is in the backend, else cpu
     model = gpt(cfg, seed=seed)

@@ -25,24 +25,12 @@ _store = None
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
 
 
-def device_for(backend: str, local_rank: int):
-    """The device a rank puts its tensors on: cuda:local_rank when its process group has
-    nccl ("nccl" or GPU_BACKEND), else the CPU."""
-    import torch
-
-    return torch.device("cuda", local_rank) if "nccl" in str(backend) else torch.device("cpu")
-
-
 def rank_device():
-    """The device this rank's tensors belong on, from its process group, in any ddnb
-    process (an engine, a `ddnb.testing.World` rank, `ddnb.launch` under a launcher): its
-    current GPU when the group has nccl, else the CPU (also before any group exists)."""
-    import torch
-    import torch.distributed as dist
+    """The device this rank's tensors belong on (`ddnb.collectives.devices.rank_device`, the
+    one rule), reachable from the runtime as engine code and the notebooks reach it."""
+    from ddnb.collectives.devices import rank_device as rule
 
-    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return rule()
 
 
 THREADS_ENV = "DDNB_THREADS"   # the user's override of `threads_for`, e.g. DDNB_THREADS=1 horovodrun ...
@@ -170,6 +158,8 @@ def init_process_group(rank: int, world_size: int, backend: str, master_addr: st
         dist.destroy_process_group()
     store = _store if rank == 0 else dist.TCPStore(
         master_addr, master_port, world_size, is_master=False, timeout=timedelta(seconds=timeout))
+    from ddnb.collectives.devices import device_for
+
     device = device_for(backend, local_rank)
     if device.type == "cuda":
         # no device_id: with it nccl starts eagerly and runs every unbatched send/recv of a
@@ -232,6 +222,8 @@ def push_namespace(names: dict, horovod: bool) -> None:
     import torch.distributed as dist
 
     ns = __main__.__dict__
+    from ddnb.collectives.devices import device_for
+
     device = device_for(names["backend"], names["local_rank"])
     ns.update(names, device=device, torch=torch, dist=dist)
     if horovod:

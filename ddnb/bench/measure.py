@@ -32,9 +32,9 @@ def measure_first(n: int, size: int = 1 << 20, iters: int = 8, pingpong_sizes=()
     Returns a dict of those keys (seconds) and "n". Call it on every rank at once.
     """
     from ddnb.collectives import ALLREDUCES, ring_allreduce
-    from ddnb.cost.alpha_beta import measure_gamma, pingpong, sendrecv
+    from ddnb.bench.links import measure_gamma, pingpong, sendrecv
     from ddnb.models import flat_grads, mlp
-    from ddnb.runtime.worker import rank_device
+    from ddnb.collectives.devices import rank_device
     from ddnb.timing import time_collective
 
     with Checks("measure_first") as check:

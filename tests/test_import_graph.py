@@ -1,0 +1,109 @@
+"""The package's import graph, imports inside functions included (they are how circles
+used to stay importable): no module reaches itself, and arrows go up the written layer
+order only, core -> comm -> emulator -> algorithms -> cost models -> runtime -> bench ->
+viz -> exercises. The arrows against the order that remain are listed in KNOWN, each
+with why; a new one fails, and so does a listed one that is gone (take it off the list)."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = [   # (layer, module prefixes); the longest prefix decides a module's layer
+    ("core", ["ddnb._checks", "ddnb.trace", "ddnb.compat", "ddnb.data", "ddnb.models", "ddnb.memory"]),
+    ("comm", ["ddnb.collectives", "ddnb.process_grid"]),
+    ("emulator", ["ddnb.emulate", "ddnb.timing"]),
+    ("algorithms", ["ddnb.data_parallel", "ddnb.parameter_server", "ddnb.decentralized", "ddnb.pipeline_parallel",
+                    "ddnb.tensor_parallel", "ddnb.context_parallel", "ddnb.expert_parallel", "ddnb.sharding",
+                    "ddnb.compression", "ddnb.data_pipeline", "ddnb.tasks", "ddnb.search", "ddnb.throughput"]),
+    ("cost", ["ddnb.cost"]),
+    ("runtime", ["ddnb.runtime", "ddnb.testing", "ddnb.launch", "ddnb.elastic"]),
+    ("bench", ["ddnb.bench", "ddnb.memory_timeline"]),   # memory_timeline runs pipelines and ZeRO on workers
+    ("viz", ["ddnb.viz"]),
+    ("exercises", ["ddnb.exercises", "ddnb.__main__", "ddnb"]),
+]
+KNOWN = {   # (importer, imported): why it still points up (#28 moves each)
+    ("ddnb.context_parallel.timing", "ddnb.testing"): "a harness that starts a World: belongs in bench",
+    ("ddnb.decentralized.hogwild", "ddnb.testing"): "a harness that starts a World: belongs in bench",
+    ("ddnb.parameter_server.hierarchical", "ddnb.testing"): "its emulated_step_times harness: belongs in bench",
+    ("ddnb.parameter_server.saturation", "ddnb.testing"): "its server_vs_ring harness: belongs in bench",
+    ("ddnb.parameter_server.saturation", "ddnb.cost.dp_step"): "the model printed beside the run",
+    ("ddnb.data_parallel.horovod_knobs", "ddnb.runtime.horovod"): "a harness that re-forms Horovod",
+    ("ddnb.sharding.zero1", "ddnb.cost.alpha_beta"): "bytes a ring sends, for its report",
+    ("ddnb.throughput", "ddnb.cost.transformer"): "FLOPs per token, for MFU",
+    ("ddnb.emulate.messages", "ddnb.cost"): "torch's collectives charged the ring's formula (#28, item 2)",
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in (ROOT / "ddnb").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: set() for m in mods}
+    for m, path in mods.items():
+        package = m if path.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                t = resolve(t) if t.startswith("ddnb") else None
+                if t and t != m:
+                    edges[m].add(t)
+    return edges
+
+
+def layer(module: str) -> int:
+    best = max(((i, len(p)) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+                if module == p or module.startswith(p + ".")), key=lambda x: x[1])
+    return best[0]
+
+
+def test_no_module_reaches_itself():
+    edges, state, cycles = graph(), {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for t in sorted(edges[m]):
+            if state.get(t) == "open":
+                cycles.append(path[path.index(t):] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_arrows_go_up_the_layer_order():
+    edges = graph()
+    up = {(m, t) for m, ts in edges.items() for t in ts if layer(t) > layer(m)}
+    new = sorted(up - set(KNOWN))
+    assert not new, "imports against the layer order:\n" + "\n".join(
+        f"{m} ({LAYERS[layer(m)][0]}) -> {t} ({LAYERS[layer(t)][0]})" for m, t in new)
+    assert not set(KNOWN) - up, f"gone, take them off KNOWN: {sorted(set(KNOWN) - up)}"
+
+
+def test_the_graph_sees_imports_inside_functions():
+    edges = graph()
+    assert {"ddnb.collectives.p2p", "ddnb.emulate.compute"} <= edges["ddnb.emulate.session"]   # both in functions
+    assert "ddnb.collectives.devices" in edges["ddnb.runtime.worker"]  # local, to keep torch out of its import
+    assert not any(t.startswith("ddnb.emulate") for t in edges["ddnb.collectives.p2p"])   # the transport is plugged in
