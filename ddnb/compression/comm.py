@@ -23,11 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
-from ddnb.compat import all_gather_single
-from ddnb.emulate import current
-from ddnb.trace import Tracer, get_tracer, now
+from ddnb.collectives import traced
+from ddnb.trace import Tracer
 
 
 @dataclass
@@ -73,36 +71,17 @@ def nbytes(t: torch.Tensor) -> int:
 
 def allreduce(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_reduce",
               **fields) -> torch.Tensor:
-    """Sum `tensor` over the ranks of `group`, in place; traced (nbytes = its bytes). In an
-    emulated cluster it takes the ring's alpha-beta time (`ddnb.emulate.messages`)."""
-    start = now()
-    if current() is not None:
-        from ddnb.emulate.messages import all_reduce
-
-        all_reduce(tensor, group=group)
-    else:
-        dist.all_reduce(tensor, group=group)
-    get_tracer(tracer).record("collective", name, start, now(), nbytes=nbytes(tensor), op="all_reduce",
-                              **fields)
-    return tensor
+    """Sum `tensor` over the ranks of `group`, in place; traced (nbytes = its bytes) by the
+    one traced layer over torch's collectives (`ddnb.collectives.traced`): in an emulated
+    cluster it takes the ring's alpha-beta time."""
+    return traced.all_reduce(tensor, group, tracer, name, **fields)
 
 
 def allgather(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_gather",
               **fields) -> torch.Tensor:
     """Every rank's `tensor` (S,), stacked in rank order: (N, S); traced (nbytes = S's bytes,
-    what this rank contributes)."""
-    n = dist.get_world_size(group)
-    out = torch.empty(n * tensor.numel(), dtype=tensor.dtype, device=tensor.device)    # (N·S,)
-    start = now()
-    if current() is not None:        # the ring all-gather's alpha-beta time
-        from ddnb.emulate.messages import all_gather
-
-        all_gather(out, tensor.contiguous(), group=group)
-    else:
-        all_gather_single(out, tensor.contiguous(), group=group)
-    get_tracer(tracer).record("collective", name, start, now(), nbytes=nbytes(tensor), op="all_gather",
-                              **fields)
-    return out.view(n, tensor.numel())
+    what this rank contributes; `ddnb.collectives.traced`)."""
+    return traced.all_gather(tensor, group, tracer, name, **fields)
 
 
 def bytes_per_step(events: list[dict], method: str | None = None) -> dict[int, int]:

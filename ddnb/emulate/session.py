@@ -21,12 +21,15 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
     time.monotonic() value shared by all ranks (one machine, one clock)."""
     deactivate()
     importlib.import_module("ddnb.collectives")   # first imports are not a worker's work: before the clock starts
-    from ddnb.collectives import p2p
+    from ddnb.collectives import p2p, traced
 
     profile = get_profile(profile)
     emulator = clock.Emulator(profile, rank, world_size, epoch)
     clock.install(emulator)
     p2p.set_transport(messages.post)       # every message from now on: real bytes, plus the header
+    traced.set_emulated({"all_reduce": lambda t, op, g: messages.all_reduce(t, op, g),
+                         "all_gather": lambda out, t, g: messages.all_gather(out, t, g),
+                         "barrier": lambda g: messages.barrier(g)})   # torch's own: the ring's alpha-beta time
     if pace_compute:
         from ddnb.emulate.compute import start_pacing
 
@@ -66,10 +69,11 @@ def deactivate() -> dict | None:
     emulator = clock.current()
     if emulator is None:
         return None
-    from ddnb.collectives import p2p
+    from ddnb.collectives import p2p, traced
     from ddnb.emulate.compute import stop_pacing
 
     stop_pacing()
     p2p.set_transport(None)
+    traced.set_emulated(None)
     clock.install(None)
     return emulator.report()

@@ -27,13 +27,13 @@ one rank communicates nothing and records nothing. Taught in
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import torch
 import torch.distributed as dist
 
-from ddnb.trace import Tracer, get_tracer
+from ddnb.collectives import traced
+from ddnb.trace import Tracer
 
 
 def tp_size(group=None) -> int:
@@ -44,20 +44,13 @@ def tp_rank(group=None) -> int:
     return dist.get_rank(group)
 
 
-def _record(tracer, op, phase, name, start, t: torch.Tensor, **extra):
-    get_tracer(tracer).record("collective", f"{op} {name} {phase}".replace("  ", " "), start, time.time(),
-                              nbytes=t.numel() * t.element_size(), op=op, phase=phase, **extra)
-
-
 def all_reduce(t: torch.Tensor, group=None, tracer: Tracer | None = None, phase: str = "forward",
                name: str = "", op=dist.ReduceOp.SUM) -> torch.Tensor:
     """Traced in-place all-reduce of `t` over `group` (a no-op on a group of one)."""
     if tp_size(group) == 1:
         return t
-    start = time.time()
-    dist.all_reduce(t, op=op, group=group)
-    _record(tracer, "all_reduce", phase, name, start, t, reduce="max" if op == dist.ReduceOp.MAX else "sum")
-    return t
+    return traced.all_reduce(t, group, tracer, f"all_reduce {name} {phase}".replace("  ", " "), op=op, phase=phase,
+                             reduce="max" if op == dist.ReduceOp.MAX else "sum")
 
 
 def all_gather_last(t: torch.Tensor, group=None, tracer: Tracer | None = None, phase: str = "forward",
@@ -66,12 +59,8 @@ def all_gather_last(t: torch.Tensor, group=None, tracer: Tracer | None = None, p
     size = tp_size(group)
     if size == 1:
         return t
-    t = t.contiguous()
-    parts = [torch.empty_like(t) for _ in range(size)]
-    start = time.time()
-    dist.all_gather(parts, t, group=group)
-    _record(tracer, "all_gather", phase, name, start, t)
-    return torch.cat(parts, dim=-1)
+    parts = traced.all_gather(t, group, tracer, f"all_gather {name} {phase}".replace("  ", " "), phase=phase)
+    return torch.cat(list(parts.unbind(0)), dim=-1)
 
 
 def split_last(t: torch.Tensor, group=None) -> torch.Tensor:

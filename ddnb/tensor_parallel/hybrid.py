@@ -20,16 +20,16 @@ run on the global batch (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.3; Mega
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb.collectives import traced
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.tensor_parallel.layers import check_divisible
 from ddnb.tensor_parallel.transformer import TensorParallelGPT
-from ddnb.trace import Tracer, get_tracer
+from ddnb.trace import Tracer
 
 
 @torch.no_grad()
@@ -45,10 +45,7 @@ def allreduce_gradients(model: nn.Module, group=None, tracer: Tracer | None = No
     if size == 1:
         return
     flat = torch.cat([p.grad.reshape(-1) for p in params])               # (numel,)
-    start = time.time()
-    dist.all_reduce(flat, group=group)
-    get_tracer(tracer).record("collective", "dp allreduce gradients", start, time.time(),
-                              nbytes=flat.numel() * flat.element_size(), op="dp_all_reduce", phase="step")
+    traced.all_reduce(flat, group, tracer, "dp allreduce gradients", as_op="dp_all_reduce", phase="step")
     flat.div_(size)
     offset = 0
     for p in params:

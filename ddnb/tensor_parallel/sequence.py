@@ -46,7 +46,6 @@ ddnb.memory.SavedActivations and compares. Taught in
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.distributed as dist
@@ -54,26 +53,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddnb._checks import Checks
+from ddnb.collectives import traced
 from ddnb.models import causal_attention
 from ddnb.tensor_parallel.comms import tp_size
 from ddnb.tensor_parallel.transformer import TensorParallelAttention, TensorParallelMLP
-from ddnb.trace import Tracer, get_tracer
-
-
-def _traced(tracer, op, phase, start, t) -> None:
-    get_tracer(tracer).record("collective", f"{op} sp {phase}", start, time.time(),
-                              nbytes=t.numel() * t.element_size(), op=op, phase=phase)
+from ddnb.trace import Tracer
 
 
 def all_gather_seq(x, group=None, tracer: Tracer | None = None, phase: str = "forward"):
     """(B, T/t, d) on each rank -> (B, T, d), rank 0's positions first."""
     if tp_size(group) == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(tp_size(group))]
-    start = time.time()
-    dist.all_gather(parts, x.contiguous(), group=group)
-    _traced(tracer, "all_gather", phase, start, x)
-    return torch.cat(parts, dim=1)
+    parts = traced.all_gather(x, group, tracer, f"all_gather sp {phase}", phase=phase)   # (t, B, T/t, d)
+    return torch.cat(list(parts.unbind(0)), dim=1)
 
 
 def reduce_scatter_seq(x, group=None, tracer: Tracer | None = None, phase: str = "forward"):
@@ -81,11 +73,7 @@ def reduce_scatter_seq(x, group=None, tracer: Tracer | None = None, phase: str =
     t = tp_size(group)
     if t == 1:
         return x
-    out = torch.empty_like(x.chunk(t, dim=1)[0])
-    start = time.time()
-    dist.reduce_scatter(out, [c.contiguous() for c in x.chunk(t, dim=1)], group=group)
-    _traced(tracer, "reduce_scatter", phase, start, out)
-    return out
+    return traced.reduce_scatter(list(x.chunk(t, dim=1)), group, tracer, f"reduce_scatter sp {phase}", phase=phase)
 
 
 class _ReduceScatterSeq(torch.autograd.Function):

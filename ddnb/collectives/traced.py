@@ -1,0 +1,82 @@
+"""torch.distributed's own collectives, each one traced on one clock: the event's start and
+end come from `ddnb.trace.now()` (time.time() in real mode, the rank's emulated time in an
+emulated cluster), so the events of data parallelism, tensor and sequence parallelism and
+compression sit on one time axis with the from-scratch algorithms' messages.
+
+    all_reduce(t, group, tracer, name, op=SUM, **fields)     in place; returns t
+    all_gather(t, group, tracer, name, **fields)             (N, *t.shape), rank order
+    reduce_scatter(chunks, group, tracer, name, **fields)    this rank's chunk of the sum
+    barrier(group, tracer, name)
+
+An event is kind "collective", nbytes = the bytes this rank contributes (its tensor; a
+reduce-scatter's output), op = the collective, plus `fields`. In an emulated cluster the
+emulator plugs in its own versions (`set_emulated`, by `ddnb.emulate.session`): the real
+collective, charged the alpha-beta time of the ring it runs (`ddnb.emulate.messages`:
+its time is that formula, not a measurement); a collective it has no version of
+(reduce-scatter) runs for real, takes no emulated time, and is counted in the run's
+summary. This module never asks whether it is emulated. Taught in
+`notebooks/10_tensor_parallelism.ipynb` and `notebooks/14_precision_compression.ipynb`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddnb.compat import all_gather_single
+from ddnb.trace import Tracer, get_tracer, now
+
+_EMULATED: dict = {}   # op -> the emulator's version (all_reduce, all_gather, barrier), when emulating
+
+
+def set_emulated(versions: dict | None) -> None:
+    """Run `versions` ({"all_reduce": f(t, op, group), "all_gather": f(out, t, group),
+    "barrier": f(group)}) instead of torch.distributed's (None: torch's again)."""
+    _EMULATED.clear()
+    _EMULATED.update(versions or {})
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_reduce(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_reduce",
+               op=dist.ReduceOp.SUM, as_op: str = "all_reduce", **fields) -> torch.Tensor:
+    """`tensor` reduced (sum, or `op`) over `group`, in place; traced as op `as_op`."""
+    start = now()
+    if "all_reduce" in _EMULATED:
+        _EMULATED["all_reduce"](tensor, op, group)
+    else:
+        dist.all_reduce(tensor, op=op, group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(tensor), op=as_op, **fields)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_gather",
+               as_op: str = "all_gather", **fields) -> torch.Tensor:
+    """Every rank's `tensor`, stacked in rank order: (N, *tensor.shape); traced (nbytes: this
+    rank's tensor)."""
+    n = dist.get_world_size(group)
+    src = tensor.contiguous()
+    out = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)   # (N·S,)
+    start = now()
+    (_EMULATED.get("all_gather") or (lambda o, t, g: all_gather_single(o, t, group=g)))(out, src.reshape(-1), group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(tensor), op=as_op, **fields)
+    return out.view(n, *tensor.shape)
+
+
+def reduce_scatter(chunks: list[torch.Tensor], group=None, tracer: Tracer | None = None,
+                   name: str = "reduce_scatter", as_op: str = "reduce_scatter", **fields) -> torch.Tensor:
+    """Chunk r (rank r's) of the element-wise sum of every rank's `chunks` (N tensors of
+    one shape); traced (nbytes: the chunk this rank gets)."""
+    out = torch.empty_like(chunks[0])
+    start = now()
+    dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(out), op=as_op, **fields)
+    return out
+
+
+def barrier(group=None, tracer: Tracer | None = None, name: str = "barrier") -> None:
+    """Every rank of `group` waits for the others; traced (0 bytes)."""
+    start = now()
+    (_EMULATED.get("barrier") or (lambda g: dist.barrier(group=g)))(group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=0, op="barrier")
