@@ -27,9 +27,8 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
     emulator = clock.Emulator(profile, rank, world_size, epoch)
     clock.install(emulator)
     p2p.set_transport(messages.post)       # every message from now on: real bytes, plus the header
-    traced.set_emulated({"all_reduce": lambda t, op, g: messages.all_reduce(t, op, g),
-                         "all_gather": lambda out, t, g: messages.all_gather(out, t, g),
-                         "barrier": lambda g: messages.barrier(g)})   # torch's own: the ring's alpha-beta time
+    traced.set_emulated({"all_reduce": messages.all_reduce, "all_gather": messages.all_gather,
+                         "barrier": messages.barrier})   # torch's own collectives: the ring's alpha-beta time
     if pace_compute:
         from ddnb.emulate.compute import start_pacing
 
