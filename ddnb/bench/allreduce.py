@@ -87,16 +87,12 @@ def busbw_factor(workers: int) -> float:
 # ---------------------------------------------------------------- run on every rank
 def _allreduce_op(algorithm: str, size: int):
     """The in-place all-reduce `algorithm` as op(tensor), built on this rank."""
-    if algorithm == "torch":
-        import torch.distributed as dist
+    if algorithm == "torch":   # through the one traced layer (emulated: charged the ring's alpha-beta time)
+        from ddnb.collectives import traced
+        from ddnb.trace import Tracer
 
-        from ddnb.emulate import current
-
-        if current() is not None:   # emulated: gloo's all-reduce, charged the ring's alpha-beta time
-            from ddnb.emulate.messages import all_reduce
-
-            return all_reduce
-        return dist.all_reduce
+        quiet = Tracer(enabled=False)
+        return lambda t: traced.all_reduce(t, tracer=quiet)
     if algorithm == "horovod":
         import horovod.torch as hvd
 

@@ -47,14 +47,11 @@ def allreduce_fn(name: str, group=None, tracer: Tracer | None = None):
     C++ algorithms) or one of ddnb's from-scratch algorithms (ddnb.collectives.ALLREDUCES:
     "ring", "tree", "naive", "halving_doubling"), which record their messages in `tracer`."""
     validate_allreduce(name)
-    if name == TORCH:
-        from ddnb.emulate import current
+    if name == TORCH:   # torch's own, through the one traced layer (emulated: the ring's alpha-beta time)
+        from ddnb.collectives import traced
 
-        if current() is not None:   # emulated: the real all-reduce, at the ring's alpha-beta time
-            from ddnb.emulate.messages import all_reduce
-
-            return lambda t: all_reduce(t, group=group)
-        return lambda t: dist.all_reduce(t, group=group)
+        quiet = Tracer(enabled=False)
+        return lambda t: traced.all_reduce(t, group, quiet)
     from ddnb.collectives import ALLREDUCES
 
     fn = ALLREDUCES[name]
