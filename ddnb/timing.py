@@ -43,7 +43,8 @@ def time_collective(op, numel: int, iters: int = 10, warmup: int = 2, dtype=None
 
 def time_allreduce(numel: int, iters: int = 10, warmup: int = 2) -> float:
     """torch.distributed.all_reduce on a float32 tensor of `numel` elements, in seconds
-    (through `ddnb.collectives.traced`: in an emulated cluster, charged its model's time)."""
+    (through `ddnb.collectives.traced`: in an emulated cluster, the time of the ring's
+    messages, `ddnb.emulate.messages`)."""
     from ddnb.collectives import traced
     from ddnb.trace import Tracer
 

@@ -29,7 +29,6 @@ KNOWN = {   # (importer, imported): why it still points up (#28 moves each)
     ("ddnb.data_parallel.horovod_knobs", "ddnb.runtime.horovod"): "a harness that re-forms Horovod",
     ("ddnb.sharding.zero1", "ddnb.cost.alpha_beta"): "bytes a ring sends, for its report",
     ("ddnb.throughput", "ddnb.cost.transformer"): "FLOPs per token, for MFU",
-    ("ddnb.emulate.messages", "ddnb.cost"): "torch's collectives charged the ring's formula (#28, item 2)",
 }
 
 

@@ -51,7 +51,7 @@ def _cmd_allreduce(parser, args) -> int:
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
     if emulate is not None:
         print(f"{emulate}: every time below is emulated seconds of this profile, not this machine's; "
-              "torch's all-reduce is charged the ring's alpha-beta time", file=out, flush=True)
+              "torch's all-reduce is timed by the messages of ddnb's ring", file=out, flush=True)
     print(f"all-reduce of float32 sums on {args.workers} gloo processes (ddnb.testing.World), "
           f"sizes {format_size(args.sizes[0])}..{format_size(args.sizes[-1])}, "
           + ("one call per measurement after a warm-up (emulated time does not vary with load)" if emulate else
@@ -196,8 +196,8 @@ def _cmd_dp(parser, args) -> int:
     if "horovod" in strategies and emulate is not None:
         parser.error("--strategies includes horovod, but Horovod is not emulated")
     if emulate is not None and args.allreduce != "torch":
-        parser.error("--allreduce: an emulated cluster runs the buckets' all-reduce as torch's, at the ring's "
-                     "alpha-beta time; leave --allreduce torch")
+        parser.error("--allreduce: an emulated cluster runs the buckets' all-reduce as torch's, timed by its "
+                     "ring's messages; leave --allreduce torch")
     if args.allreduce not in allreduce_names():
         parser.error(f"--allreduce {args.allreduce!r} is not one of {', '.join(allreduce_names())}")
     out = sys.stderr if args.json else sys.stdout

@@ -87,7 +87,7 @@ def busbw_factor(workers: int) -> float:
 # ---------------------------------------------------------------- run on every rank
 def _allreduce_op(algorithm: str, size: int):
     """The in-place all-reduce `algorithm` as op(tensor), built on this rank."""
-    if algorithm == "torch":   # through the one traced layer (emulated: charged the ring's alpha-beta time)
+    if algorithm == "torch":   # through the one traced layer (emulated: timed by its ring's messages)
         from ddnb.collectives import traced
         from ddnb.trace import Tracer
 
@@ -269,7 +269,7 @@ def allreduce_benchmark(workers: int, sizes, algorithms=FROM_SCRATCH + ("torch",
 
     emulate: a profile (`ddnb.emulate`): the same measurements in an emulated cluster;
     every time is then emulated seconds, each row says so ("emulated": the profile's
-    name), torch's all-reduce is charged the ring's alpha-beta time (it is not measured),
+    name), torch's all-reduce keeps its values and is timed by the messages of ddnb's ring,
     and model["emulation"] says whether any operation overran its model. The model is
     still fitted to this run's own point-to-point measurements, never read from the
     profile: to the rows measured without an overrun (`fit_rows`) where at least two

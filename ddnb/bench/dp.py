@@ -87,7 +87,7 @@ def wrap(strategy: str, model, lr: float = 0.01, bucket_mb: float = 25.0, allred
             model = DistributedDataParallel(model)
         from ddnb.emulate import current
 
-        if current() is not None:   # emulated: each bucket's all-reduce at the ring's alpha-beta time
+        if current() is not None:   # emulated: each bucket timed by its ring's messages
             from ddnb.emulate.messages import ddp_comm_hook
 
             model.register_comm_hook(None, ddp_comm_hook)

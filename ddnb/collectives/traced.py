@@ -11,8 +11,8 @@ compression sit on one time axis with the from-scratch algorithms' messages.
 An event is kind "collective", nbytes = the bytes this rank contributes (its tensor; a
 reduce-scatter's output), op = the collective, plus `fields`. In an emulated cluster the
 emulator plugs in its own versions (`set_emulated`, by `ddnb.emulate.session`): the real
-collective, charged the alpha-beta time of the ring it runs (`ddnb.emulate.messages`:
-its time is that formula, not a measurement); a collective it has no version of
+collective, its values torch's, timed by the messages of the ring it runs, sent for real over the
+emulated links (`ddnb.emulate.messages`); a collective it has no version of
 (reduce-scatter) runs for real, takes no emulated time, and is counted in the run's
 summary. This module never asks whether it is emulated. Taught in
 `notebooks/10_tensor_parallelism.ipynb` and `notebooks/14_precision_compression.ipynb`.

@@ -73,7 +73,7 @@ def allreduce(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, na
               **fields) -> torch.Tensor:
     """Sum `tensor` over the ranks of `group`, in place; traced (nbytes = its bytes) by the
     one traced layer over torch's collectives (`ddnb.collectives.traced`): in an emulated
-    cluster it takes the ring's alpha-beta time."""
+    cluster it is timed by the messages of the ring it runs (`ddnb.emulate.messages`)."""
     return traced.all_reduce(tensor, group, tracer, name, **fields)
 
 

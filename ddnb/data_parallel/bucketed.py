@@ -33,7 +33,7 @@ Which all-reduce (`allreduce=`):
   Python loop does not), so expect less overlap than with "torch".
 
 In an emulated cluster (`ddnb.emulate`) the "torch" all-reduce is an `EmulatedAllReduce`
-(the real one, at the ring's alpha-beta time on the profile's link) and every stamp below is
+(the real one, timed by the messages of ddnb's ring sent over the emulated links) and every stamp below is
 emulated time; the ddnb.collectives algorithms are refused there (their background thread
 would not be paced).
 
@@ -251,7 +251,7 @@ class BucketedDataParallel(nn.Module):
             idx = self.bucket_params[k]
             return HookWork(self._comm_hook(self._comm_state, Bucket(
                 k, buffer, [self._views[i] for i in idx], [self.params[i] for i in idx], len(self.buckets))), buffer)
-        if current() is not None:   # emulated: the real all-reduce, its time the model's (ddnb.emulate)
+        if current() is not None:   # emulated: the real all-reduce, timed by the ring's messages (ddnb.emulate)
             return EmulatedAllReduce(buffer, self.group)
         if self._thread is None:
             # No Python completion callback on the Work: gloo would run it on its own thread,

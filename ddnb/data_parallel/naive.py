@@ -47,7 +47,7 @@ def allreduce_fn(name: str, group=None, tracer: Tracer | None = None):
     C++ algorithms) or one of ddnb's from-scratch algorithms (ddnb.collectives.ALLREDUCES:
     "ring", "tree", "naive", "halving_doubling"), which record their messages in `tracer`."""
     validate_allreduce(name)
-    if name == TORCH:   # torch's own, through the one traced layer (emulated: the ring's alpha-beta time)
+    if name == TORCH:   # torch's own, through the one traced layer (emulated: timed by its ring's messages)
         from ddnb.collectives import traced
 
         quiet = Tracer(enabled=False)

@@ -5,9 +5,12 @@ ring overtaking the tree. Like a network emulator (Mininet: Handigol et al., CoN
 it runs the real program with its real messages in their real order; each rank keeps a
 virtual clock that every message (its header carries the emulated time it left) and every
 operation (its roofline time) advances, as SimGrid's SMPI does, and real time is paced to
-it. Message times come out of the real run; torch.distributed's own collectives are
-charged the ring's alpha-beta time, so their times are that formula, not a measurement
-(`messages.py`). A rank whose real work falls behind the pace lags without changing any
+it. Real: the processes, the bytes, their order and dependencies, the contention of a
+rank's messages for its link. Modelled: each message's alpha + n/B and each operation's
+roofline time. torch.distributed's own collectives keep torch's values and are timed by
+the messages of the ring they run, sent for real (`messages.py`), so a comparison with a
+cost model tests the messages' count, sizes and order, never the formula against itself.
+A rank whose real work falls behind the pace lags without changing any
 emulated time; only where a second thread moves its clock is a lag an overrun (`clock.py`).
 
     cluster = ddnb.Cluster(n=8, emulate="ib")          # or emulate=ddnb.emulate.custom(...)
@@ -15,7 +18,7 @@ emulated time; only where a second thread moves its clock is a lag an overrun (`
     clock.py     Emulator (a worker's clock and links), current, report, summary
     session.py   activate / deactivate: a worker's emulation started (transport, pacing) and stopped
     compute.py   PacedCompute: every torch operation charged its roofline time
-    messages.py  send / recv / exchange with a header; torch collectives at the model's time
+    messages.py  send / recv / exchange with a header; torch's collectives timed by their ring's messages
     retry.py     without_overruns: run again at a higher slowdown until no rank overran
 
 Every time measured in emulated mode is emulated seconds of the profile, and is printed

@@ -31,8 +31,10 @@ messages share its link in each direction (a NIC serializes), each holding it fo
 alpha + n / B.
 Not modeled: switch contention and oversubscribed fabrics (every pair has full
 bandwidth), congestion control, the CPU cost of sending (zero-copy, as RDMA), and links
-shared by several ranks of one host. Times from torch.distributed's own collectives are
-the alpha-beta model's (`ddnb.emulate.messages.all_reduce`); Horovod is not emulated.
+shared by several ranks of one host. torch.distributed's own collectives (DDP's buckets,
+the traced layer's all-reduce, all-gather and barrier) take the time of the messages of
+the algorithm they run, sent for real on a `stream` (`ddnb.emulate.messages`); Horovod
+is not emulated.
 Taught in `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
@@ -56,12 +58,14 @@ class Emulator:
     def __init__(self, profile: Profile, rank: int, world_size: int, epoch: float):
         self.profile, self.rank, self.world_size, self.epoch = profile, rank, world_size, epoch
         self.lock = threading.RLock()
+        self._local = threading.local()      # .stream: [t] of a collective's timeline (`stream`)
         self.owner = threading.get_ident()   # the thread that activated emulation (the rank's main thread)
         self.reset()
 
     def reset(self) -> None:
         """Start the clock at real time again, with free links and no counts."""
         self.t = max(0.0, self.real_now())
+        self.comm_free = 0.0       # emulated time this rank's last collective ended (`stream`)
         self.free = {}             # (direction, link kind) -> emulated time the link is free
         self.syncs = self.overruns = self.lags = 0
         self.overrun_time = self.max_overrun = 0.0   # emulated seconds
@@ -87,6 +91,43 @@ class Emulator:
                 self.syncs, self.overruns, self.overrun_time, self.max_overrun, self.lags, self.max_lag = saved
 
     # ------------------------------------------------------------------ time
+    @property
+    def t(self) -> float:
+        """This rank's emulated time; inside `stream`, the collective's own."""
+        s = getattr(self._local, "stream", None)
+        return self._t if s is None else s[0]
+
+    @t.setter
+    def t(self, value: float) -> None:
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            self._t = value
+        else:
+            s[0] = value
+
+    @contextlib.contextmanager
+    def stream(self, launch: float):
+        """A collective's own timeline, as a GPU's communication stream: inside the block this
+        thread's messages start from the stream's time, which begins at `launch` or when
+        this rank's previous collective ended (collectives run one after another, as
+        gloo's and NCCL's do), and the rank's own `t` is left alone, so the collective
+        overlaps the compute that follows its launch. The block can run after that compute
+        (a DDP bucket's messages are sent at the end of backward, in program order): its
+        syncs neither sleep nor lag, since every time in it comes from the headers. Yields
+        [t]; afterwards t[0] is the collective's end on this rank."""
+        with self.lock:
+            s = [max(launch, self.comm_free)]
+        previous, self._local.stream = getattr(self._local, "stream", None), s
+        try:
+            yield s
+        finally:
+            self._local.stream = previous
+            with self.lock:
+                self.comm_free = max(self.comm_free, s[0])
+
+    def in_stream(self) -> bool:
+        return getattr(self._local, "stream", None) is not None
+
     def real_now(self) -> float:
         """Real time since the epoch, in emulated seconds."""
         return (time.monotonic() - self.epoch) / self.profile.slowdown
@@ -111,6 +152,8 @@ class Emulator:
         """Sleep until real time reaches `t`; returns `t`. A lag beyond TOLERANCE is
         counted; it is an overrun (and moves `t` to the real time) only in a rank where
         another thread also moves the clock (see the module docstring)."""
+        if self.in_stream():
+            return self.t
         self._mark_thread()
         with self.lock:
             target = self.t
@@ -169,24 +212,6 @@ class Emulator:
             end = begin + link.time(nbytes)
             self.free[("in", kind)] = end
         return end
-
-    def run_collective(self, last_launch: float, seconds: float) -> float:
-        """A collective that all ranks launched by `last_launch` and that takes `seconds` on
-        this rank's links: it starts when they are free, and this rank's clock moves to
-        its end (returned). Collectives queue on the links in the order they are waited."""
-        with self.lock:
-            start = max([last_launch] + list(self.free.values()))
-            end = start + seconds
-        self.occupy_links(end)
-        self.advance_to(end)
-        return end
-
-    def occupy_links(self, until: float) -> None:
-        """Mark every link busy until `until` (a collective run outside the message layer)."""
-        with self.lock:
-            for direction in ("out", "in"):
-                for kind in ("intra", "inter"):
-                    self.free[(direction, kind)] = max(self.free.get((direction, kind), 0.0), until)
 
     # ------------------------------------------------------------------ report
     def count_unmodeled(self, op: str) -> None:

@@ -7,15 +7,16 @@ ranks; pairs deliver in order, so the header always precedes its payload. The re
 computes the arrival time from the header and its own incoming link
 (`Emulator.arrival`). All peers here are global ranks.
 
-torch.distributed's own collectives run for real too; their emulated time is the
-alpha-beta model of the algorithm they run (gloo's and NCCL's ring for a large all-reduce:
-2(N-1) alpha + 2(N-1)/N n/B, Thakur, Rabenseifner & Gropp 2005, Sec. 4 (`ddnb.cost`)),
-starting when the last rank has called it. That time is the model's by construction and
-is labelled so wherever it is shown. Taught in `notebooks/05_allreduce.ipynb`.
+torch.distributed's own collectives (the traced layer's all-reduce, all-gather and barrier,
+DDP's buckets) run for real too, so their values are torch's; their emulated time is that
+of the messages of the algorithm they run, sent for real through this layer on a copy:
+ddnb's ring all-reduce and all-gather (gloo's and NCCL's algorithm for large tensors;
+`ddnb.collectives.ring`) and a dissemination barrier. The model they are compared with
+(2(N-1) alpha + 2(N-1)/N n/B for the ring, Thakur, Rabenseifner & Gropp 2005, Sec. 4,
+`ddnb.cost`) is nowhere used to time them: a comparison tests the messages' count, sizes
+and order. Taught in `notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -85,81 +86,85 @@ def post(ops, group=None) -> list[EmulatedWork]:
 
 
 # ---------------------------------------------------------------- torch.distributed's collectives
-def _started_together(group=None) -> float:
-    """Sync, then the emulated time at which the last rank of `group` arrived (a real
-    MAX all-reduce of the ranks' times)."""
-    em = current()
-    t = torch.tensor([em.sync()], dtype=torch.float64)
-    with uncounted():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
+# One message per chunk and ring step (as NCCL's ring with a chunk no larger than its
+# buffer); a smaller segment sends more, smaller messages (`ddnb.collectives.ring`).
+SEGMENT_BYTES = 1 << 62
 
 
-def _slowest_link(group=None):
-    em = current()
-    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
-    hosts = {em.profile.host(r) for r in ranks}
-    return em.profile.inter if len(hosts) > 1 else em.profile.intra
+def _ring_time(scratch: torch.Tensor, launch: float, group, gather: bool = False) -> float:
+    """Run the ring all-reduce (or all-gather) of `scratch` over the message layer on this
+    rank's collective `stream` from `launch`; returns its end on this rank. The ring's
+    reductions are not charged (gamma = 0, as in the model it is compared with)."""
+    from ddnb.collectives.ring import ring_allgather, ring_allreduce
+    from ddnb.emulate.compute import paused
+    from ddnb.trace import Tracer
+
+    em, quiet = current(), Tracer(enabled=False)
+    with em.stream(launch) as t, paused():
+        if gather:
+            ring_allgather(scratch, group=group, tracer=quiet, check=False, segment_bytes=SEGMENT_BYTES)
+        else:
+            ring_allreduce(scratch, group=group, tracer=quiet, check=False, segment_bytes=SEGMENT_BYTES)
+    return t[0]
 
 
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
-    """dist.all_reduce, for real; its emulated time is the ring's alpha-beta time on the
-    group's slowest link, from when the last rank called it (`EmulatedAllReduce`, waited)."""
+    """dist.all_reduce, for real, in the emulated time of the ring's messages
+    (`EmulatedAllReduce`, waited)."""
     EmulatedAllReduce(tensor, group, op).wait()
 
 
 class EmulatedAllReduce:
-    """dist.all_reduce(tensor, async_op=True) in emulated time: launched at this rank's
-    emulated time, it starts when the last rank has launched it and this rank's links are
-    free (so buckets queue behind each other on the link), and takes the ring's alpha-beta
-    time. The real all-reduce runs on gloo's thread meanwhile; `wait()` completes both and
-    moves this rank's clock to the end. `launch`, `end`: emulated seconds."""
+    """dist.all_reduce(tensor, async_op=True) in emulated time. The values are torch's (the
+    real all-reduce runs on gloo's thread), so an emulated run trains bit for bit as a real
+    one; the time is that of ddnb's ring all-reduce (`ddnb.collectives.ring`, Patarasuk &
+    Yuan 2009) run over the message layer on a copy of the tensor taken at launch: 2(N-1)
+    real messages per rank, each alpha + n/B on its links, on the rank's collective
+    `stream` from its launch, so buckets queue behind each other and overlap the backward
+    compute after them. `wait()` sends those messages (in the rank's own thread) and
+    moves this rank's clock to the ring's end. `launch`, `end`: emulated seconds."""
 
     def __init__(self, tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM):
+        from ddnb.emulate.compute import paused
+
         self.em = em = current()
         self.launch = em.sync()
         self.tensor, self.group, self.end = tensor, group, None
-        self._last = torch.tensor([self.launch], dtype=torch.float64)
-        with uncounted():
-            self.works = [dist.all_reduce(self._last, op=dist.ReduceOp.MAX, group=group, async_op=True),
-                          dist.all_reduce(tensor, op=op, group=group, async_op=True)]
+        with paused():
+            self._scratch = tensor.detach().clone()        # the ring's bytes, as launched
+        with uncounted(), paused():
+            self.work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
 
     def is_completed(self) -> bool:
         return self.end is not None
 
-    def wait(self, timeout=None, _from_callback: bool = False) -> bool:
+    def wait(self, timeout=None) -> bool:
         if self.end is None:
-            for w in self.works[:1] if _from_callback else self.works:   # a work's own callback cannot wait on it
-                w.wait()
-            from ddnb.cost import allreduce_time
-
-            n, link = dist.get_world_size(self.group), _slowest_link(self.group)
-            cost = allreduce_time("ring", _nbytes(self.tensor), n, link.alpha, 1 / link.bandwidth, 0.0) if n > 1 else 0
-            self.end = self.em.run_collective(self._last.item(), cost)
+            self.work.wait()
+            n = dist.get_world_size(self.group)
+            self.end = _ring_time(self._scratch, self.launch, self.group) if n > 1 else self.launch
+            self._scratch = None
+            self.em.advance_to(self.end)
         return True
 
     def get_future(self):
         """A torch Future completed with [tensor] once the all-reduce is done for real (what
-        a DDP communication hook returns). Its emulated end is taken in the rank's own
+        a DDP communication hook returns). The ring's messages are sent in the rank's own
         thread at the end of the backward pass (an autograd final callback, after DDP's
-        reducer has launched every bucket), so the clock is moved to max(end of backward's
-        compute, end of each bucket's all-reduce) in program order, never by gloo's thread
-        at a moment real time decides. Outside a backward pass, by gloo's thread."""
+        reducer has launched every bucket, in the order launched: the same on every rank),
+        and the clock moves to max(end of backward's compute, end of each bucket). Outside
+        a backward pass, at once."""
         pending = getattr(self.em, "pending_collectives", None)
         if pending is None:
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
                 pending = self.em.pending_collectives = []
             except RuntimeError:              # not in a backward pass
+                self.wait()
                 pending = None
         if pending is not None:
             pending.append(self)
-            return self.works[1].get_future().then(lambda _: self.tensor)
-
-        def done(_):
-            self.wait(_from_callback=True)
-            return self.tensor
-        return self.works[1].get_future().then(done)
+        return self.work.get_future().then(lambda _: self.tensor)
 
     def _end_of_backward(self) -> None:
         pending, self.em.pending_collectives = self.em.pending_collectives, None
@@ -169,34 +174,46 @@ class EmulatedAllReduce:
 
 def ddp_comm_hook(group, bucket):
     """A DDP communication hook (`model.register_comm_hook(None, ddp_comm_hook)`): the
-    average of the bucket's gradients, as DDP's default hook computes it, in emulated
-    time (`EmulatedAllReduce`)."""
+    average of the bucket's gradients as DDP computes it without a hook (its reducer
+    multiplies each gradient by 1/N before the all-reduce; dividing by N would differ in
+    the last bit), in emulated time (`EmulatedAllReduce`)."""
     buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size(group))
+    buffer.mul_(1.0 / dist.get_world_size(group))
     return EmulatedAllReduce(buffer, group).get_future()
 
 
 def all_gather(out: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
-    """`ddnb.compat.all_gather_single(out, tensor)`, for real; its emulated time is the ring
-    all-gather's (N-1)(alpha + S/B) for S bytes per rank (Thakur, Rabenseifner & Gropp 2005,
-    Sec. 4: (p-1) alpha + (p-1)/p n beta with n = N S gathered), from when the last rank
-    called it, on the group's slowest link."""
+    """`ddnb.compat.all_gather_single(out, tensor)`, for real, in the emulated time of the
+    ring all-gather's messages (`ddnb.collectives.ring.ring_allgather` over the message
+    layer: N-1 messages of S bytes per rank) run on a copy."""
     from ddnb.compat import all_gather_single
+    from ddnb.emulate.compute import paused
 
     em = current()
-    last = _started_together(group)
-    with uncounted():
+    launch = em.sync()
+    with uncounted(), paused():       # the real collective's own copies are not the cluster's compute
         all_gather_single(out, tensor, group=group)
-    n, link = dist.get_world_size(group), _slowest_link(group)
-    em.run_collective(last, (n - 1) * link.time(_nbytes(tensor)))
+    if dist.get_world_size(group) > 1:
+        with paused():
+            scratch = out.detach().clone()
+        em.advance_to(_ring_time(scratch, launch, group, gather=True))
 
 
 def barrier(group=None) -> float:
-    """dist.barrier, in emulated time: every rank leaves at the last arrival plus
-    ceil(log2 N) latencies (a dissemination barrier: Hensgen, Finkel & Manber 1988).
-    Returns the time it left."""
+    """dist.barrier as a dissemination barrier over the message layer (Hensgen, Finkel &
+    Manber 1988): in round k every rank sends one byte to rank + 2^k and waits for the one
+    from rank - 2^k, ceil(log2 N) rounds, so no rank leaves before the last has arrived.
+    Returns the emulated time it left."""
+    from ddnb.collectives import p2p
+    from ddnb.emulate.compute import paused
+    from ddnb.trace import Tracer
+
     em = current()
-    n = dist.get_world_size(group)
-    end = _started_together(group) + math.ceil(math.log2(n)) * _slowest_link(group).alpha if n > 1 else em.t
-    em.advance_to(end)
+    n, rank = p2p.group_size(group), p2p.group_rank(group)
+    with paused():
+        out, into = torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8)
+    quiet, k = Tracer(enabled=False), 1
+    while k < n:
+        p2p.exchange(out, (rank + k) % n, into, (rank - k) % n, group=group, tracer=quiet)
+        k *= 2
     return em.sync()
