@@ -7,7 +7,7 @@
     loader_throughput(ds, num_workers=2)                samples/s of a torch DataLoader
     overlapped_epoch(ds, compute_s=0.02, num_workers=1) loading while the device computes
 
-The device's peak is what a large matrix multiply reaches (2·n³ FLOPs, `ddnb.cost.transformer.matmul_flops`);
+The device's peak is what a large matrix multiply reaches (2·n³ FLOPs, `ddnb.flops.matmul_flops`);
 a training step reaches a fraction of it, its model FLOPs utilization (Chowdhery et al.
 2022, "PaLM", Sec. 4.1), and that fraction grows with the batch until the device is busy.
 The input pipeline is the other limit: if preparing a batch on the CPU takes L seconds and
@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ddnb._checks import Checks, check_positive_ints
-from ddnb.cost.transformer import flops_per_token, matmul_flops
+from ddnb.flops import flops_per_token, matmul_flops
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 
 
@@ -52,7 +52,7 @@ def step_throughput(config: GPTConfig, batch_sizes, steps: int = 3, seed: int = 
     machine, the one least disturbed by others) of
     `ddnb.models.gpt(config)` on (B, T) tokens (after one warm-up step), as rows
     {batch_size, step_s, tokens_per_s, flops_per_s}, where flops_per_s counts the model's
-    FLOPs, `ddnb.cost.flops_per_token` (untied head: its V·d are in the matmul weights)."""
+    FLOPs, `ddnb.flops.flops_per_token` (untied head: its V·d are in the matmul weights)."""
     batch_sizes = list(batch_sizes)
     check_positive_ints("step_throughput", steps=steps, **{f"batch_sizes[{i}]": b for i, b in enumerate(batch_sizes)})
     per_token = flops_per_token(config.n_layers, config.d_model, config.vocab_size, config.seq_len,

@@ -1,5 +1,5 @@
 """ddnb.cost.transformer: parameter counts against published configurations and against
-the real ddnb GPT, FLOP formulas and the training-time estimator by hand, validation;
+the real ddnb GPT, FLOP formulas (ddnb.flops) and the training-time estimator by hand, validation;
 ddnb.cost.published: the stated compute against 6·N·D."""
 import math
 
@@ -7,7 +7,8 @@ import pytest
 
 from ddnb.cost import flops_per_token, model_flops_utilization, training_days, training_flops, transformer_params
 from ddnb.cost.published import GPT3_FAMILY, MODELS, gpt3_family_table, model_table
-from ddnb.cost.transformer import block_params, matmul_flops, matmul_params
+from ddnb.cost.transformer import block_params
+from ddnb.flops import matmul_flops, matmul_params
 from ddnb.models import GPTConfig, gpt
 
 

@@ -2,7 +2,8 @@
 in real mode and in an emulated cluster, and bad schemes are named."""
 import pytest
 
-from ddnb.context_parallel.timing import emulated_comparison, time_attention
+from ddnb.bench.context_parallel import emulated_comparison
+from ddnb.context_parallel.timing import time_attention
 
 
 def test_every_rank_reports_the_slowest_time(world):

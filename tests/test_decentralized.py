@@ -233,7 +233,8 @@ def test_decentralized_ps_converges_with_exact_bytes_and_no_server_rank(world):
 # --- Hogwild! ------------------------------------------------------------------------
 
 def test_hogwild_one_process_is_serial_sgd_and_two_processes_learn():
-    from ddnb.decentralized.hogwild import hogwild, serial_sgd, sparse_logistic
+    from ddnb.bench.hogwild import hogwild
+    from ddnb.decentralized.hogwild import serial_sgd, sparse_logistic
 
     data = sparse_logistic(examples=1000, dim=200, nnz=5)
     one = hogwild(data, processes=1, steps=400)

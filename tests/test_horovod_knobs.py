@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 import pytest
 
 from conftest import requires_horovod
-from ddnb.data_parallel.horovod_knobs import _start_with, fused_allreduces, knob_env, knob_steps, measure_knobs
+from ddnb.bench.horovod_knobs import _start_with, measure_knobs
+from ddnb.data_parallel.horovod_knobs import fused_allreduces, knob_env, knob_steps
 from ddnb.testing import World
 from ddnb.viz.horovod_knobs import HorovodKnobs, knob_label, plot_knob_runs
 

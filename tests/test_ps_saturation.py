@@ -1,16 +1,18 @@
-"""The server's link saturating (ddnb.parameter_server.saturation): the fixed-peer BSP
-server (one or two shards) and the ring train exactly as one process on the concatenated
-batches; in an emulated cluster the server's step grows with the workers as the model
-says, two shards shorten it and the ring beats it; bad arguments are named."""
+"""The server's link saturating (ddnb.parameter_server.saturation, its harness in
+ddnb.bench.parameter_server): the fixed-peer BSP server (one or two shards) and the ring
+train exactly as one process on the concatenated batches; in an emulated cluster the
+server's step grows with the workers as the model says, two shards shorten it and the
+ring beats it; bad arguments are named."""
 from functools import partial
 
 import pytest
 import torch
 
 from conftest import bsp_reference
+from ddnb.bench.parameter_server import charged_compute, server_vs_ring
 from ddnb.data import digits
 from ddnb.models import mlp
-from ddnb.parameter_server.saturation import charged_compute, model_step_time, server_vs_ring, train_fixed_peers
+from ddnb.parameter_server.saturation import model_step_time, train_fixed_peers
 
 MODEL = partial(mlp, (64, 16, 10), seed=0)
 

@@ -14,5 +14,18 @@
 - `ddnb.bench.links`: the alpha-beta-gamma model's parameters measured on live processes
   (ping-pong, sendrecv, a local add, a pairwise swap) (`notebooks/05_allreduce.ipynb`);
 - `ddnb.bench.measure`: those, two all-reduces and a data-parallel step on the first n
-  ranks (`notebooks/12_scalability.ipynb`; no command).
+  ranks (`notebooks/12_scalability.ipynb`; no command);
+- `ddnb.bench.ps` and `ddnb.bench.parameter_server`: the BSP step of k parameter servers
+  against the ring all-reduce per worker count, beside its model, and the hierarchical
+  server's step grouped by hosts and flat (`notebooks/04_parameter_server.ipynb`,
+  `notebooks/05b_decentralized.ipynb`);
+- `ddnb.bench.hogwild`: Hogwild!'s processes started on shared memory, conflict rate
+  (`notebooks/05b_decentralized.ipynb`; no command);
+- `ddnb.bench.horovod_knobs`: Horovod re-formed on a cluster's engines under each fusion
+  setting, and a few steps timed (`notebooks/07_horovod.ipynb`; no command);
+- `ddnb.bench.context_parallel`: each context-parallel scheme's attention time on an
+  emulated cluster (`notebooks/13_sequence_context_expert.ipynb`; no command).
+
+The algorithm modules keep what runs on each rank; the harnesses here start the processes
+(a `ddnb.testing.World`, a cluster's engines) that run it.
 """

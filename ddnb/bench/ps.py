@@ -1,6 +1,6 @@
 """`python -m ddnb.bench ps`: the BSP step of a central parameter server (one or more
 shards) against the ring all-reduce, per number of workers
-(`ddnb.parameter_server.saturation`).
+(`ddnb.parameter_server.saturation`, run by `ddnb.bench.parameter_server`).
 
 The same synchronous training three ways on one ddnb.testing.World of gloo processes:
 k servers (ranks 0..k-1, each holding 1/k of the parameters) and N workers, or the N
@@ -39,9 +39,9 @@ def add_parser(sub) -> None:
 def run(parser, args) -> int:
     from functools import partial
 
+    from ddnb.bench.parameter_server import server_vs_ring, table
     from ddnb.data import digits
     from ddnb.models import mlp
-    from ddnb.parameter_server.saturation import server_vs_ring, table
 
     profile = emulated(parser, args, ranks=max(args.servers) + max(args.workers))   # the World's ranks
     out = sys.stderr if args.json else sys.stdout

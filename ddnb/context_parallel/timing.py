@@ -3,7 +3,9 @@ in real mode or, what shows the difference, in an emulated cluster (`ddnb.emulat
 all-gather form waits for all of K and V before computing, ring attention posts the next
 K/V block before computing on the current one, so its messages hide behind compute when
 the link is fast enough (Liu et al. 2023, Sec. 3: the block size at which communication
-is hidden). A step's time is the slowest rank's, between two barriers.
+is hidden). A step's time is the slowest rank's, between two barriers. `time_attention`
+runs on every rank; `ddnb.bench.context_parallel.emulated_comparison` starts the emulated
+World that runs it for each scheme.
 Taught in `notebooks/13_sequence_context_expert.ipynb`.
 """
 from __future__ import annotations
@@ -46,22 +48,3 @@ def time_attention(scheme: str, batch: int = 1, heads: int = 4, seq_len: int = 1
     with uncounted():                        # bookkeeping, after the timed passes
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
-
-
-def emulated_comparison(profile, workers: int = 4, seq_lens=(1024, 4096), heads: int = 4, head_dim: int = 64) -> list:
-    """Rows {seq_len, pass ("forward" / "forward+backward"), scheme, time} measured on a
-    `ddnb.testing.World` of `workers` emulated ranks of `profile`, and the run's overrun
-    summary: (rows, summary)."""
-    from ddnb.emulate import summary
-    from ddnb.testing import World
-
-    rows = []
-    with World(workers, emulate=profile) as world:
-        for s in seq_lens:
-            for backward in (False, True):
-                for scheme in SCHEMES:
-                    t = world.run(time_attention, scheme, seq_len=s, heads=heads, head_dim=head_dim,
-                                  backward=backward)[0]
-                    rows.append({"seq_len": s, "pass": "forward+backward" if backward else "forward",
-                                 "scheme": scheme, "time": t})
-        return rows, summary(world.emulation_reports())

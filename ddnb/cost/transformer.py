@@ -21,12 +21,15 @@ costs twice the forward, so a training step costs about 6·N FLOPs per token and
 over D tokens C ≈ 6·N·D. Model FLOPs utilization (Chowdhery et al. 2022, "PaLM",
 Sec. 4.1 and Appendix B) is the achieved rate of those model FLOPs, 6·N + 12·L·T·d per
 token (counting QKᵀ and AV over all T), over the device's peak: recomputation and
-other overheads don't count as useful work.
+other overheads don't count as useful work. The FLOP counts (`flops_per_token`,
+`matmul_params`, `matmul_flops`) are defined in `ddnb.flops`, below the cost models, so
+that `ddnb.throughput` reads them too, and are re-exported here.
 Taught in `notebooks/01_why_distributed.ipynb`.
 """
 from __future__ import annotations
 
 from ddnb._checks import Checks, check_positive_ints
+from ddnb.flops import flops_per_token, matmul_flops, matmul_params  # noqa: F401 (defined in ddnb.flops)
 
 SECONDS_PER_DAY = 86_400
 
@@ -60,29 +63,6 @@ def training_flops(num_params: float, num_tokens: float) -> float:
     with Checks("training_flops") as check:
         check.positive_numbers(num_params=num_params, num_tokens=num_tokens)
     return 6.0 * num_params * num_tokens
-
-
-def matmul_params(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: int = 4) -> int:
-    """The weights that multiply activations: (4 + 2r)·d² per block and the output
-    projection V·d (embedding lookups, biases and LayerNorms cost no matmul FLOPs)."""
-    check_positive_ints("matmul_params", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
-                        mlp_ratio=mlp_ratio)
-    return n_layers * (4 + 2 * mlp_ratio) * d_model ** 2 + vocab_size * d_model
-
-
-def flops_per_token(n_layers: int, d_model: int, vocab_size: int, seq_len: int, mlp_ratio: int = 4) -> int:
-    """Model FLOPs of one training token (forward + backward): 6·N + 12·L·T·d, with N the
-    matmul weights (`matmul_params`) and 12·L·T·d for QKᵀ and AV over T positions, forward
-    and backward (Chowdhery et al. 2022, "PaLM", Appendix B, with heads·head size = d)."""
-    check_positive_ints("flops_per_token", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
-                        seq_len=seq_len, mlp_ratio=mlp_ratio)
-    return 6 * matmul_params(n_layers, d_model, vocab_size, mlp_ratio) + 12 * n_layers * seq_len * d_model
-
-
-def matmul_flops(m: int, k: int, n: int) -> int:
-    """2·m·k·n: FLOPs of (m, k) @ (k, n), one multiply and one add per term."""
-    check_positive_ints("matmul_flops", m=m, k=k, n=n)
-    return 2 * m * k * n
 
 
 def model_flops_utilization(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:

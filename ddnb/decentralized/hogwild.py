@@ -5,15 +5,16 @@ few coordinates (a sparse problem): two updates then rarely touch the same coord
 and when they do, one overwrites part of the other, which the paper shows costs little.
 
     data = sparse_logistic(examples=4000, dim=1000, nnz=10)
-    out = hogwild(data, processes=2, steps=2000, lr=0.5)   # {"w", "conflict_rate", "loss", ...}
+    out = hogwild(data, processes=2, steps=2000, lr=0.5)   # ddnb.bench.hogwild: {"w", "conflict_rate", ...}
 
 The problem: sparse logistic regression, example e having `nnz` non-zero features
 (indices (E, nnz), values (E, nnz)) and a label y in {-1, +1}; the step on example e is
 
     w[idx_e] <- w[idx_e] + lr * y_e * sigmoid(-y_e <w[idx_e], v_e>) * v_e     (touches nnz coordinates)
 
-Each process is a real process (`torch.multiprocessing`, spawn), w is a tensor after
-`share_memory_()`, and the update is an in-place `index_add_` on it: no lock, no message.
+Each process is a real process (`torch.multiprocessing`, spawn: `ddnb.bench.hogwild.hogwild`
+starts them, each runs `_process`), w is a tensor after `share_memory_()`, and the update
+is an in-place `index_add_` on it: no lock, no message.
 **Conflict rate**: a second shared tensor counts writes per coordinate; a process reads
 the counts of its nnz coordinates before it reads w and again just before it writes, and
 an update is a conflict when another process wrote one of them in between (its read of w
@@ -86,43 +87,6 @@ def _process(rank, w, counts, stats, data, steps, lr, seed, start):
     for e in order:
         conflicts += _step(w, counts, data, e, lr)
     stats[rank] = torch.tensor([steps, conflicts], dtype=torch.int64)
-
-
-def hogwild(data: SparseData, processes: int = 2, steps: int = 1000, lr: float = 0.5, seed: int = 0,
-            timeout: float = 120) -> dict:
-    """Run `processes` real processes, each taking `steps` lock-free steps on the shared w.
-    Returns {"w" (dim,), "loss_before", "loss", "updates", "conflicts", "conflict_rate",
-    "nnz", "dim", "processes"}."""
-    with Checks("hogwild") as check:
-        check.positive_ints(processes=processes, steps=steps)
-        check.number("lr", lr, positive=True)
-    import torch.multiprocessing as mp
-
-    from ddnb.testing import _main_not_reimported
-
-    w = torch.zeros(data.dim).share_memory_()                                      # (dim,) the parameters
-    counts = torch.zeros(data.dim, dtype=torch.int64).share_memory_()              # (dim,) writes so far
-    stats = torch.zeros(processes, 2, dtype=torch.int64).share_memory_()           # (P, 2) steps, conflicts
-    before = loss(w, data)
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(processes)
-    with _main_not_reimported():
-        procs = [ctx.Process(target=_process, args=(r, w, counts, stats, data, steps, lr, seed, start), daemon=True)
-                 for r in range(processes)]
-        for p in procs:
-            p.start()
-    for p in procs:
-        p.join(timeout)
-    bad = [r for r, p in enumerate(procs) if p.exitcode != 0]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    if bad:
-        raise RuntimeError(f"hogwild: process(es) {bad} failed or did not finish within {timeout} s")
-    updates, conflicts = (int(v) for v in stats.sum(0))
-    return {"w": w.clone(), "loss_before": before, "loss": loss(w, data), "updates": updates,
-            "conflicts": conflicts, "conflict_rate": conflicts / updates, "nnz": data.indices.shape[1],
-            "dim": data.dim, "processes": processes}
 
 
 def serial_sgd(data: SparseData, steps: int = 1000, lr: float = 0.5, seed: int = 0, process: int = 0) -> torch.Tensor:

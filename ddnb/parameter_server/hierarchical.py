@@ -20,7 +20,9 @@ The arithmetic is BSP's: the update is the mean of the N workers' gradients, so 
 equals the flat server and one process on the concatenated batches. Every message goes
 through `ddnb.collectives.p2p` with a fixed peer, so unlike the flat server (which receives
 from any source) this one runs on an emulated cluster, where intra- and inter-host links
-differ (`ddnb.emulate.Profile.ranks_per_host`). Taught in `notebooks/05b_decentralized.ipynb`.
+differ (`ddnb.emulate.Profile.ranks_per_host`); there it is timed, grouped by hosts and
+flat, by `ddnb.bench.parameter_server.emulated_step_times`.
+Taught in `notebooks/05b_decentralized.ipynb`.
 """
 from __future__ import annotations
 
@@ -132,23 +134,3 @@ def train_hierarchical(model_fn, dataset, ranks_per_host: int, steps: int, batch
     if rank == 0:
         out["params"] = weights.detach().clone()
     return out
-
-
-def emulated_step_times(profile, model_fn, dataset, world_size: int = 5, steps: int = 4, timeout: float = 120) -> dict:
-    """The step of `train_hierarchical` on an emulated cluster of `profile` (its hosts are
-    `profile.ranks_per_host` ranks), grouped by those hosts and flat (every worker its own
-    "host": all messages to the server): {"hierarchical", "flat"}: the median emulated
-    seconds per step after the first, "same_params": the two runs' parameters agree
-    (1e-6), "emulation": the run's summary line."""
-    from ddnb.emulate import get_profile, summary
-    from ddnb.testing import World
-
-    profile = get_profile(profile)
-    with World(world_size, emulate=profile, timeout=timeout) as world:
-        grouped = world.run(train_hierarchical, model_fn, dataset, profile.ranks_per_host, steps)[0]
-        flat = world.run(train_hierarchical, model_fn, dataset, 1, steps)[0]
-        emulation = summary(world.emulation_reports())
-    median = lambda ts: sorted(ts[1:])[len(ts[1:]) // 2] if len(ts) > 1 else ts[0]   # noqa: E731
-    return {"hierarchical": median(grouped["times"]), "flat": median(flat["times"]),
-            "same_params": bool(torch.allclose(grouped["params"], flat["params"], atol=1e-6, rtol=0)),
-            "emulation": emulation}

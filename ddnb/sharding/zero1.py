@@ -45,7 +45,6 @@ from torch import nn
 
 from ddnb._checks import Checks, is_number
 from ddnb.compat import reduce_scatter_single
-from ddnb.cost.alpha_beta import allreduce_bytes_per_rank
 from ddnb.memory import tensor_bytes
 from ddnb.sharding.flat import FlatUnit, check_units, default_units
 from ddnb.trace import Tracer, get_tracer
@@ -57,10 +56,14 @@ def ring_bytes_sent(collective: str, nbytes: float, world_size: int) -> float:
     """Bytes one rank sends in `collective` ("all_reduce", "reduce_scatter", "all_gather")
     over a buffer of `nbytes` (the full (N·S,) tensor) on a ring (Patarasuk & Yuan 2009):
     (N-1)/N·nbytes per phase; an all-reduce is two phases, a reduce-scatter or an all-gather
-    one (ZeRO Sec. 7.1). What gloo's own algorithm sends on the wire may differ."""
+    one (ZeRO Sec. 7.1); `ddnb.cost.allreduce_bytes_per_rank`'s "ring" is the two-phase
+    case. What gloo's own algorithm sends on the wire may differ."""
     if collective not in RING_PHASES:
         raise ValueError(f"collective={collective!r} is not one of {list(RING_PHASES)}")
-    return allreduce_bytes_per_rank("ring", nbytes, world_size)[0] * RING_PHASES[collective] / 2
+    with Checks("ring_bytes_sent") as check:
+        check.number("nbytes", nbytes, min=0)
+        check.integer("world_size", world_size, min=1)
+    return (world_size - 1) / world_size * float(nbytes) * RING_PHASES[collective]
 
 
 def validate_adam(lr, betas, eps, check: Checks) -> None:

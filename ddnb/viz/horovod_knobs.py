@@ -1,7 +1,7 @@
 """A widget for Horovod's tensor-fusion knobs: the fusion threshold (HOROVOD_FUSION_THRESHOLD),
 the cycle time (HOROVOD_CYCLE_TIME) and fp16 compression. Each change re-runs a few
 training steps with Horovod on the cluster's engines under those settings
-(`ddnb.data_parallel.horovod_knobs.measure_knobs`) and redraws every run so far: the
+(`ddnb.bench.horovod_knobs.measure_knobs`) and redraws every run so far: the
 measured step time, and the fused all-reduces per step read from Horovod's timeline.
 
     knobs = HorovodKnobs(cluster)              # measures Horovod's defaults first
@@ -21,7 +21,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ddnb.data_parallel.horovod_knobs import DEFAULTS, measure_knobs
+from ddnb.bench.horovod_knobs import measure_knobs
+from ddnb.data_parallel.horovod_knobs import DEFAULTS
 from ddnb.viz.png import figure_png
 
 FUSION = [(f"default ({DEFAULTS['fusion_mb']} MB)", None), ("0: fusion off", 0.0), ("64 KB", 1 / 16), ("1 MB", 1.0)]

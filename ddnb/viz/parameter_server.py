@@ -145,7 +145,7 @@ class ParameterServerExplorer:
 
 
 def plot_saturation(result: dict, ax=None, title: str = ""):
-    """Step time against workers from `ddnb.parameter_server.saturation.server_vs_ring`:
+    """Step time against workers from `ddnb.bench.parameter_server.server_vs_ring`:
     one line per strategy (1, 2, ... servers; the ring), the run as points and, when
     emulated, the model as a dashed line of the same colour. Returns the Axes."""
     if ax is None:
