@@ -6,9 +6,14 @@ compute at once. Naive first, then better:
                   (equal / params / time balanced)          the layers split into stages
     naive_training.py  train_split, train_single,      notebook 08's harness: the split trained,
                        median_step, step_summary       the one-process reference, the traces read
-    schedules.py  Action, gpipe_schedule, one_f_one_b_schedule,          schedules as plain
-                  interleaved_one_f_one_b_schedule, validate_schedule,   lists of actions
-                  simulate, in_flight, bubble_fraction
+    actions.py    Action, Schedule, placement_of, simulate,     a schedule as data (F, B, W;
+                  in_flight, bubble_fraction                    which rank holds which stage)
+    schedules.py  gpipe_schedule, one_f_one_b_schedule,         schedules as plain lists of
+                  interleaved_one_f_one_b_schedule,             actions, by name
+                  get_schedule, SCHEDULES
+    zero_bubble.py  zbh1_schedule, zbv_schedule,                the backward split into B and
+                    dualpipev_schedule                          W, the W's in the bubbles
+    check.py      validate_schedule, ScheduleReport             proven before anything runs
     stage.py      PipelineStage                            a rank's slice and its messages
     executor.py   run_schedule, StepResult                 run a schedule on real stages
     reference.py  reference_grads, torch_pipeline_grads    one process; torch.distributed.pipelining
@@ -20,13 +25,15 @@ pictures in `ddnb.viz.pipeline`.
 """
 from ddnb.pipeline_parallel.executor import StepResult, run_schedule, split_microbatches
 from ddnb.pipeline_parallel.reference import reference_grads, torch_pipeline_grads
-from ddnb.pipeline_parallel.schedules import (SCHEDULES, Action, bubble_fraction, get_schedule, gpipe_schedule,
-                                              in_flight, interleaved_one_f_one_b_schedule, num_chunks,
-                                              one_f_one_b_schedule, simulate, validate_schedule)
+from ddnb.pipeline_parallel.schedules import (SCHEDULES, WEIGHT, Action, Schedule, ScheduleReport, bubble_fraction,
+                                              dualpipev_schedule, get_schedule, gpipe_schedule, in_flight,
+                                              interleaved_one_f_one_b_schedule, num_chunks, one_f_one_b_schedule,
+                                              placement_of, simulate, validate_schedule, zbh1_schedule, zbv_schedule)
 from ddnb.pipeline_parallel.naive import partition_layers
 from ddnb.pipeline_parallel.stage import PipelineStage, check_microbatches
 
-__all__ = ["SCHEDULES", "Action", "PipelineStage", "StepResult", "bubble_fraction", "check_microbatches",
-           "get_schedule", "gpipe_schedule", "in_flight", "interleaved_one_f_one_b_schedule", "num_chunks",
-           "one_f_one_b_schedule", "partition_layers", "reference_grads", "run_schedule", "simulate", "split_microbatches",
-           "torch_pipeline_grads", "validate_schedule"]
+__all__ = ["SCHEDULES", "WEIGHT", "Action", "PipelineStage", "Schedule", "ScheduleReport", "StepResult",
+           "bubble_fraction", "check_microbatches", "dualpipev_schedule", "get_schedule", "gpipe_schedule", "in_flight",
+           "interleaved_one_f_one_b_schedule", "num_chunks", "one_f_one_b_schedule", "partition_layers",
+           "placement_of", "reference_grads", "run_schedule", "simulate", "split_microbatches", "torch_pipeline_grads",
+           "validate_schedule", "zbh1_schedule", "zbv_schedule"]

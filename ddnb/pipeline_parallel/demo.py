@@ -31,12 +31,12 @@ def pipeline_step(name: str, m: int, repeats: int = 1, batch_size: int = 32, tor
     """
     import torch.distributed as dist
     from ddnb.models import gpt, lm_loss, synthetic_task
-    from ddnb.pipeline_parallel import (SCHEDULES, PipelineStage, get_schedule, reference_grads, run_schedule,
-                                        torch_pipeline_grads)
+    from ddnb.pipeline_parallel import PipelineStage, get_schedule, reference_grads, run_schedule, torch_pipeline_grads
+    from ddnb.pipeline_parallel.schedules import RUNNABLE
     from ddnb.trace import Tracer
 
     with Checks("pipeline_step") as check:
-        check.choice("name", name, list(SCHEDULES))
+        check.choice("name", name, RUNNABLE)
         check.positive_ints(m=m, repeats=repeats, batch_size=batch_size)   # m | batch_size: PipelineStage checks
     p = dist.get_world_size()
     idx, targets = synthetic_task(CFG, batch_size=batch_size, steps=1, seed=0)[0]
