@@ -201,7 +201,7 @@ def test_idle_time_between_tasks_is_not_a_lag():
     from ddnb.emulate import Emulator
 
     em = Emulator(SLOW, 0, 1, time.monotonic())
-    time.sleep(0.05)                  # idle: 50 real ms, over TOLERANCE
+    time.sleep(0.05)                  # idle: 50 real ms, over the tolerance (0.5 alpha x 20 = 10 ms)
     em.resume()
     em.sync()
     assert em.lags == em.overruns == 0
@@ -462,3 +462,24 @@ def test_an_emulated_world_runs_on_gloo_whatever_was_asked():
     with pytest.warns(UserWarning, match="emulated cluster runs on gloo"):
         with World(2, backend="nccl", emulate=SLOW, timeout=60) as w:
             assert w.backend == "gloo" and w.run(lambda: 1) == [1, 1]
+
+
+def test_the_tolerance_is_half_an_alpha_and_lateness_under_it_is_a_distribution():
+    """A sync later than half the profile's smallest alpha is a lag; one under it is only
+    recorded in the lateness distribution (SLOW: alpha 1 ms, slowdown 20: 10 real ms)."""
+    import time
+
+    from ddnb.emulate import Emulator, lateness
+
+    em = Emulator(SLOW, 0, 1, time.monotonic())
+    assert em.tolerance == pytest.approx(0.5 * ALPHA)
+    em.sync()                                    # on time
+    time.sleep(0.004)                            # 4 real ms = 0.2 emulated ms late: under the tolerance
+    em.sync()
+    assert em.lags == 0
+    time.sleep(0.03)                             # 30 real ms = 1.5 emulated ms: a lag
+    em.sync()
+    assert (em.lags, em.overruns) == (1, 0)
+    stats = lateness([em.report()])
+    assert stats["syncs"] == 3 and stats["lags"] == 1 and stats["tolerance"] == pytest.approx(0.5 * ALPHA)
+    assert 0.2e-3 <= stats["p50"] < 0.5 * ALPHA and stats["max"] >= 1.5e-3

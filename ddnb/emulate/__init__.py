@@ -25,11 +25,11 @@ Every time measured in emulated mode is emulated seconds of the profile, and is 
 with the profile's name. Taught in `notebooks/05_allreduce.ipynb` and
 `notebooks/09_pipeline_parallelism.ipynb`.
 """
-from ddnb.emulate.clock import TOLERANCE, Emulator, current, report, resume, stamp, summary, warm_up
+from ddnb.emulate.clock import TOLERANCE_ALPHAS, Emulator, current, lateness, report, resume, stamp, summary, warm_up
 from ddnb.emulate.compute import uncounted
 from ddnb.emulate.profile import PROFILES, Link, Profile, custom, get_profile
 from ddnb.emulate.retry import overruns, without_overruns
 from ddnb.emulate.session import activate, deactivate
 
-__all__ = ["PROFILES", "TOLERANCE", "Emulator", "Link", "Profile", "activate", "current", "custom", "deactivate",
+__all__ = ["PROFILES", "TOLERANCE_ALPHAS", "Emulator", "lateness", "Link", "Profile", "activate", "current", "custom", "deactivate",
            "get_profile", "overruns", "report", "resume", "stamp", "summary", "warm_up", "uncounted", "without_overruns"]

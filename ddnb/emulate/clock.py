@@ -22,16 +22,18 @@ has finished all it was given. Work advances it; real time is kept in step with 
   gives the same emulated times at any slowdown (tested). Where another thread of the rank
   also moves its clock (a communication thread, `ddnb.data_parallel.bucketed` with its own
   all-reduce), which of the two threads comes first follows real time: there a lag of more
-  than `TOLERANCE` real seconds is an **overrun**. It is counted, `t` moves to the real
+  than the rank's `tolerance` (`TOLERANCE_ALPHAS` of the profile's smallest alpha) is an
+  **overrun**. It is counted, `t` moves to the real
   time (the time printed is then the real one, too slow), and `report()` says so; raise
   the slowdown until there are none.
 
 Modeled: one full-duplex link per rank and kind (intra-host, inter-host), so a rank's
 messages share its link in each direction (a NIC serializes), each holding it for
 alpha + n / B.
+With `Profile(shared_nic=True)` the ranks of a host share one inter-host link in each
+direction (`ddnb.emulate.nic`: a host's NIC, its state shared by the host's processes).
 Not modeled: switch contention and oversubscribed fabrics (every pair has full
-bandwidth), congestion control, the CPU cost of sending (zero-copy, as RDMA), and links
-shared by several ranks of one host. torch.distributed's own collectives (DDP's buckets,
+bandwidth), congestion control, the CPU cost of sending (zero-copy, as RDMA). torch.distributed's own collectives (DDP's buckets,
 the traced layer's all-reduce, all-gather and barrier) take the time of the messages of
 the algorithm they run, sent for real on a `stream` (`ddnb.emulate.messages`); Horovod
 is not emulated.
@@ -46,10 +48,14 @@ import time
 
 from ddnb.emulate.profile import Profile
 
-# Real seconds by which a worker may lag at a sync without it counting (as a lag, and in a
-# rank with a second thread on its clock as an overrun): sleeping to a deadline wakes a
-# median 0.15 ms late here, p95 1.0-1.6 ms with 8-16 processes on 2 cores.
-TOLERANCE = 0.004
+# How late a sync may wake without counting (as a lag, and in a rank with a second thread on
+# its clock as an overrun), as a fraction of the profile's smallest alpha: a lateness under
+# half a message's latency cannot reorder two messages. Every sync's lateness is kept and
+# reported as a distribution (`lateness`). Sleeping to a deadline wakes a median 0.15 ms
+# late here (p95 1.0-1.6 ms with 8-16 processes on 2 cores), so at slowdown x a profile
+# whose alpha is under ~2 ms / x counts lags that change nothing in a single-threaded rank.
+TOLERANCE_ALPHAS = 0.5
+LATENESS_SAMPLES = 100_000   # the most syncs whose lateness a rank keeps
 
 
 class Emulator:
@@ -60,6 +66,13 @@ class Emulator:
         self.lock = threading.RLock()
         self._local = threading.local()      # .stream: [t] of a collective's timeline (`stream`)
         self.owner = threading.get_ident()   # the thread that activated emulation (the rank's main thread)
+        # emulated seconds a sync may be late without counting (see TOLERANCE_ALPHAS)
+        self.tolerance = TOLERANCE_ALPHAS * min(profile.intra.alpha, profile.inter.alpha)
+        self.nics = None
+        if profile.shared_nic and profile.ranks_per_host > 1 and world_size > profile.ranks_per_host:
+            from ddnb.emulate.nic import SharedNics
+
+            self.nics = SharedNics(f"{epoch:.9f}", profile.host(world_size - 1) + 1)
         self.reset()
 
     def reset(self) -> None:
@@ -70,10 +83,12 @@ class Emulator:
         self.syncs = self.overruns = self.lags = 0
         self.overrun_time = self.max_overrun = 0.0   # emulated seconds
         self.max_lag = 0.0                           # real seconds
+        self.late = []             # each sync's lateness, emulated seconds (0: on time)
         self.threaded = False      # has a thread other than `owner` moved this clock?
         self.pending_collectives = None   # a backward pass's DDP buckets (`messages.EmulatedAllReduce`)
         self.flops = self.compute_time = 0.0
         self.messages = self.bytes_sent = 0
+        self.nic_conflicts = 0     # shared-NIC reservations whose order real time decided (`ddnb.emulate.nic`)
         self.unmodeled = {}        # torch.distributed op -> calls made outside the message layer
 
     @contextlib.contextmanager
@@ -149,8 +164,8 @@ class Emulator:
             self.t = max(self.t, t)
 
     def sync(self) -> float:
-        """Sleep until real time reaches `t`; returns `t`. A lag beyond TOLERANCE is
-        counted; it is an overrun (and moves `t` to the real time) only in a rank where
+        """Sleep until real time reaches `t`; returns `t`. Its lateness is kept; a lag
+        beyond `tolerance` is counted; it is an overrun (and moves `t` to the real time) only in a rank where
         another thread also moves the clock (see the module docstring)."""
         if self.in_stream():
             return self.t
@@ -159,9 +174,11 @@ class Emulator:
             target = self.t
             self.syncs += 1
         late = self.real_now() - target
+        if len(self.late) < LATENESS_SAMPLES:
+            self.late.append(max(late, 0.0))
         if late < 0:
             time.sleep(-late * self.profile.slowdown)
-        elif late * self.profile.slowdown > TOLERANCE:
+        elif late > self.tolerance:
             with self.lock:
                 self.lags += 1
                 self.max_lag = max(self.max_lag, late * self.profile.slowdown)
@@ -195,6 +212,8 @@ class Emulator:
         link = getattr(self.profile, kind)
         with self.lock:
             start = max(self.t, self.free.get(("out", kind), 0.0))
+            if self.nics is not None and kind == "inter":
+                start = self._reserve("out", start, link.time(nbytes))
             end = start + link.time(nbytes)
             self.free[("out", kind)] = end
             self.messages += 1
@@ -209,9 +228,28 @@ class Emulator:
         self._mark_thread()
         with self.lock:
             begin = max(start, self.free.get(("in", kind), 0.0))
+            if self.nics is not None and kind == "inter":
+                begin = self._reserve("in", begin, link.time(nbytes))
             end = begin + link.time(nbytes)
             self.free[("in", kind)] = end
         return end
+
+    def _reserve(self, direction: str, ready: float, seconds: float) -> float:
+        """The start of a message on this host's shared NIC (`ddnb.emulate.nic`)."""
+        start, conflict = self.nics.reserve(self.profile.host(self.rank), direction, ready, seconds, self.tolerance)
+        self.nic_conflicts += conflict
+        return start
+
+    def shared(self) -> None:
+        """Every rank has opened what it shares (after a barrier): its name can go."""
+        if self.nics is not None and self.rank == 0:
+            self.nics.unlink()
+
+    def close(self) -> None:
+        """Release what this rank shares with the others (the host NICs' state)."""
+        if self.nics is not None:
+            self.nics.close(unlink=self.rank == 0)
+            self.nics = None
 
     # ------------------------------------------------------------------ report
     def count_unmodeled(self, op: str) -> None:
@@ -226,8 +264,32 @@ class Emulator:
             return {"rank": self.rank, "profile": self.profile.name, "time": self.t, "syncs": self.syncs,
                     "overruns": self.overruns, "overrun_time": self.overrun_time,
                     "max_overrun": self.max_overrun, "lags": self.lags, "max_lag": self.max_lag,
-                    "threaded": self.threaded, "flops": self.flops, "compute_time": self.compute_time,
-                    "messages": self.messages, "bytes_sent": self.bytes_sent, "unmodeled": dict(self.unmodeled)}
+                    "threaded": self.threaded, "tolerance": self.tolerance,
+                    "lateness": lateness_stats(self.late), "flops": self.flops, "compute_time": self.compute_time,
+                    "messages": self.messages, "bytes_sent": self.bytes_sent,
+                    "nic_conflicts": self.nic_conflicts, "unmodeled": dict(self.unmodeled)}
+
+
+def lateness_stats(late: list[float]) -> dict:
+    """{"syncs", "p50", "p95", "max"} of lateness samples (emulated seconds)."""
+    if not late:
+        return {"syncs": 0, "p50": 0.0, "p95": 0.0, "max": 0.0}
+    xs = sorted(late)
+    q = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]   # noqa: E731
+    return {"syncs": len(xs), "p50": q(0.5), "p95": q(0.95), "max": xs[-1]}
+
+
+def lateness(reports: list[dict]) -> dict:
+    """The lateness of every rank's syncs, pooled: {"syncs", "p50", "p95", "max" (emulated
+    seconds, each the worst rank's), "tolerance", "lags"}. Under the tolerance a lateness
+    is reported here, never counted; in a single-threaded rank none changes a time."""
+    reports = [r for r in reports if r and "lateness" in r]
+    if not reports:
+        return {}
+    stats = [r["lateness"] for r in reports]
+    return {"syncs": sum(s["syncs"] for s in stats), "p50": max(s["p50"] for s in stats),
+            "p95": max(s["p95"] for s in stats), "max": max(s["max"] for s in stats),
+            "tolerance": min(r["tolerance"] for r in reports), "lags": sum(r["lags"] for r in reports)}
 
 
 _EMULATOR: Emulator | None = None
@@ -286,6 +348,10 @@ def summary(reports: list[dict]) -> str:
         line = (f"emulated '{name}': {sum(r['overruns'] for r in over)} overruns in {syncs} syncs on rank(s) "
                 f"{', '.join(str(r['rank']) for r in over)} (worst {worst * 1e3:.3f} emulated ms): real work "
                 f"took longer than its model there, so those times are too slow; raise slowdown")
+    conflicts = sum(r.get("nic_conflicts", 0) for r in reports)
+    if conflicts:
+        line += (f"; {conflicts} shared-NIC reservations were ordered by real time, not emulated time "
+                 f"(those messages' times may be late): raise slowdown")
     unmodeled = {}
     for r in reports:
         for op, k in r.get("unmodeled", {}).items():

@@ -11,6 +11,9 @@ A profile holds what the emulator charges for (`ddnb.emulate`):
   t = alpha + n / B; Hockney, Parallel Computing 1994): `intra` between ranks on one
   host (NVLink) and `inter` between hosts (a NIC: Ethernet or InfiniBand);
 - `ranks_per_host`: ranks r and s share a host when r // ranks_per_host == s // ranks_per_host;
+- `shared_nic`: the ranks of a host share one inter-host link (one NIC per host, in each
+  direction), so their messages to other hosts queue on it (`ddnb.emulate.nic`); False:
+  each rank has its own (a DGX node's one NIC per GPU);
 - `slowdown`: real seconds per emulated second (time dilation), so that the real work of
   many workers on a few cores fits inside the time the model gives it;
 - `op_overhead`: seconds added to every charged operation, a GPU kernel's launch cost
@@ -55,6 +58,7 @@ class Profile:
     slowdown: float = 100.0    # real seconds per emulated second
     source: str = ""
     op_overhead: float = 0.0   # seconds per charged operation (kernel launch)
+    shared_nic: bool = False   # the ranks of a host share one inter-host link
 
     def __post_init__(self):
         check_profile(self)
@@ -92,6 +96,7 @@ class Profile:
         def link(k: Link) -> str:
             return f"alpha {k.alpha * 1e6:g} us, {k.bandwidth / 1e9:g} GB/s"
         hosts = (f"{self.ranks_per_host} ranks per host: intra {link(self.intra)}; inter {link(self.inter)}"
+                 + (" (one NIC per host, shared)" if self.shared_nic else "")
                  if self.ranks_per_host > 1 else f"one rank per host, {link(self.inter)}")
         return (f"emulated '{self.name}': {self.peak_flops / 1e12:g} TFLOP/s x {self.efficiency:g} MFU, "
                 f"{self.memory_bandwidth / 1e9:g} GB/s memory"
@@ -112,6 +117,7 @@ def check_profile(p: Profile) -> None:
                 check.number(f"{side}.alpha", link.alpha, min=0, why=" (seconds)")
                 check.number(f"{side}.bandwidth", link.bandwidth, positive=True, why=" (bytes/s)")
         check.integer("ranks_per_host", p.ranks_per_host, min=1)
+        check.rule(isinstance(p.shared_nic, bool), f"shared_nic={p.shared_nic!r}: need True or False")
         check.number("slowdown", p.slowdown, positive=True, why=" (real seconds per emulated second)")
         check.number("op_overhead", p.op_overhead, min=0, why=" (seconds per operation)")
 

@@ -34,6 +34,7 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
 
         start_pacing(emulator)
     _warm_up(rank, world_size)
+    emulator.shared()      # after the warm-up's barrier every rank has opened the host NICs' state
     # A full garbage collection scans every object the process holds (~170,000 once torch is
     # imported): ~50 ms of real time at a moment no model knows. Objects alive now are
     # frozen out of later collections (gc.freeze), which then scan only what the run allocates.
@@ -75,4 +76,5 @@ def deactivate() -> dict | None:
     p2p.set_transport(None)
     traced.set_emulated(None)
     clock.install(None)
+    emulator.close()
     return emulator.report()
