@@ -14,8 +14,9 @@ compute at once. Naive first, then better:
     zero_bubble.py  zbh1_schedule, zbv_schedule,                the backward split into B and
                     dualpipev_schedule                          W, the W's in the bubbles
     check.py      validate_schedule, ScheduleReport             proven before anything runs
-    stage.py      PipelineStage                            a rank's slice and its messages
-    executor.py   run_schedule, StepResult                 run a schedule on real stages
+    split_backward.py  backward_input, backward_weight       the backward split into B and W
+    stage.py      PipelineStage, build_stages              a rank's slices (placed) and messages
+    executor.py   run_schedule, StepResult                 run any checked schedule on real stages
     reference.py  reference_grads, torch_pipeline_grads    one process; torch.distributed.pipelining
     demo.py       pipeline_step                            the notebook's GPT step, checked against both
 
@@ -30,10 +31,10 @@ from ddnb.pipeline_parallel.schedules import (SCHEDULES, WEIGHT, Action, Schedul
                                               interleaved_one_f_one_b_schedule, num_chunks, one_f_one_b_schedule,
                                               placement_of, simulate, validate_schedule, zbh1_schedule, zbv_schedule)
 from ddnb.pipeline_parallel.naive import partition_layers
-from ddnb.pipeline_parallel.stage import PipelineStage, check_microbatches
+from ddnb.pipeline_parallel.stage import PipelineStage, build_stages, check_microbatches
 
 __all__ = ["SCHEDULES", "WEIGHT", "Action", "PipelineStage", "Schedule", "ScheduleReport", "StepResult",
-           "bubble_fraction", "check_microbatches", "dualpipev_schedule", "get_schedule", "gpipe_schedule", "in_flight",
+           "bubble_fraction", "build_stages", "check_microbatches", "dualpipev_schedule", "get_schedule", "gpipe_schedule", "in_flight",
            "interleaved_one_f_one_b_schedule", "num_chunks", "one_f_one_b_schedule", "partition_layers",
            "placement_of", "reference_grads", "run_schedule", "simulate", "split_microbatches", "torch_pipeline_grads",
            "validate_schedule", "zbh1_schedule", "zbv_schedule"]

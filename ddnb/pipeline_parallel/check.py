@@ -52,7 +52,9 @@ class ScheduleReport:
     split_backward: bool         # whether the schedule has W actions
 
 
-def _placement_problems(placement, p: int, v: int) -> list[str]:
+def placement_problems(placement, p: int, v: int) -> list[str]:
+    """[] when `placement` gives each of p ranks v distinct virtual stages, together
+    0..p·v-1; else the problem in words (one item)."""
     flat = [s for row in placement for s in row]
     if len(placement) != p or any(len(row) != v for row in placement) or sorted(flat) != list(range(p * v)):
         return [f"placement {placement} must give each of the {p} ranks {v} distinct virtual stages, "
@@ -111,7 +113,7 @@ def validate_schedule(schedule: list[list[Action]], microbatches: int) -> Schedu
     p, m = len(schedule), microbatches
     placement = placement_of(schedule)
     v = max(len(row) for row in placement) if placement else 1
-    problems = _placement_problems(placement, p, v)
+    problems = placement_problems(placement, p, v)
     if problems:
         raise ValueError("invalid pipeline schedule: " + "; ".join(problems))
     owners = stage_owners(placement)

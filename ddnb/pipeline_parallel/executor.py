@@ -1,21 +1,29 @@
 """Run a pipeline schedule (`ddnb.pipeline_parallel.schedules`) on the stages of a real
-pipeline: each rank walks its own action list, F(j) and B(j) on its `PipelineStage`.
+pipeline: each rank walks its own action list, F(j), B(j) and W(j) on its `PipelineStage`s.
 
-    stage = PipelineStage(model, microbatches=m, batch_shape=(B, T))
-    schedule = one_f_one_b_schedule(stage.world_size, m)        # or gpipe_schedule
-    # interleaved: stages = [PipelineStage(model, m, (B, T), chunk=c, chunks=v) for c in range(v)]
-    #              run_schedule(stages, interleaved_one_f_one_b_schedule(p, m, v), ...)
-    result = run_schedule(stage, schedule, inputs=idx, targets=targets, loss_fn=lm_loss)
+    schedule = get_schedule("1f1b", p, m)          # any: gpipe, interleaved, zbh1, zbv, dualpipev
+    stages = build_stages(model, schedule, m, (B, T))   # this rank's, one per chunk, placed as
+                                                        # the schedule says (looped or V)
+    result = run_schedule(stages, schedule, inputs=idx, targets=targets, loss_fn=lm_loss)
     result.loss                  # mean of the m micro-batch losses (last stage), else None
+    result.in_flight             # most micro-batches held at once (F until B, or until W)
     result.peak_activation_bytes # the most bytes autograd held for backward at once here
     optimizer.step()             # each stage steps its own parameters
 
-The gradients are those of the mean loss over the micro-batches,
+A single stage (`PipelineStage(model, m, (B, T))`, one chunk, looped placement) can be
+passed alone. The gradients are those of the mean loss over the micro-batches,
 (1/m) Σ_j ∇ loss(model(x_j), y_j), summed in .grad across the backwards of the step
 (GPipe's synchronous update, Huang et al. 2019, Sec. 2.2) — the same gradient as one
 process running the unsplit model on the whole batch with that loss, whatever the
-schedule. Every F and B is traced as a "compute" event (name "F3", with op, microbatch,
-chunk and virtual stage), every message as "send"/"recv", in the stage's tracer (`ddnb.trace`).
+schedule. Where the schedule has W actions, B(j) computes only the gradient of the
+stage's input (what the previous stage waits for) and W(j) the weights' gradients
+(Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 2;
+`ddnb.pipeline_parallel.split_backward`); a micro-batch is then held from F until W.
+Consecutive virtual stages on this rank (the V's turn of ZB-V and DualPipeV) hand the
+activation and its gradient over in memory, without a message.
+
+Every F, B and W is traced as a "compute" event (name "F3", with op, microbatch, chunk
+and virtual stage), every message as "send"/"recv", in the stage's tracer (`ddnb.trace`).
 While an action computes, the receive the next one needs is already posted (the send
 of this action's output travels in the same batch_isend_irecv). Activation memory is
 measured with `ddnb.memory.SavedActivations` (what autograd saves for backward, counted
@@ -31,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ddnb.emulate.clock import stamp   # time.time(), or the emulated time in an emulated cluster
-from ddnb.pipeline_parallel.schedules import BACKWARD, FORWARD, Action, validate_schedule
+from ddnb.pipeline_parallel.schedules import BACKWARD, FORWARD, WEIGHT, Action, placement_of, validate_schedule
 from ddnb.trace import get_tracer
 
 if TYPE_CHECKING:
@@ -44,7 +52,7 @@ class StepResult:
 
     loss: float | None                    # mean micro-batch loss, on the last stage only
     peak_activation_bytes: int | None     # None unless measured
-    in_flight: int                        # most micro-batches held between F and B
+    in_flight: int                        # most (micro-batch, chunk) pairs held: F until B, or until W if split
     live_bytes: list = field(default_factory=list)   # bytes held after each action (if measured)
 
 
@@ -59,38 +67,46 @@ def run_schedule(stage: PipelineStage | list[PipelineStage], schedule, inputs: t
                  targets: torch.Tensor | None = None, loss_fn=None, measure_memory: bool = False,
                  step: int = 0) -> StepResult:
     """Run this rank's actions of `schedule` (a list per rank, or this rank's list) for one
-    step on `stage` (a PipelineStage, or for an interleaved schedule the list of this
-    rank's stages, one per chunk). Stage 0 needs `inputs` (the whole batch), the last
-    stage `targets` and `loss_fn(output, target)`. Everything is checked before the
-    first message."""
+    step on `stage` (a PipelineStage, or the list of this rank's stages, one per chunk:
+    `build_stages`). The virtual stage that provides the first layer needs `inputs` (the
+    whole batch), the one with the last layer `targets` and `loss_fn(output, target)`.
+    Everything is checked before the first message."""
     stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
     actions = _check(stages, schedule, inputs, targets, loss_fn)
     m, tr = stages[0].microbatches, get_tracer(stages[0].tracer)
     xs, ys = split_microbatches(inputs, m), split_microbatches(targets, m)
+    split = any(a.op == WEIGHT for a in actions)
     for st in stages:
-        st.reset()
+        st.reset(split=split)
+    local: dict[tuple[str, int, int], torch.Tensor] = {}   # (op, mb, virtual stage) -> handed over in memory
     meter = _meter(measure_memory)
-    live_bytes, held, most = [], 0, 0
+    live_bytes, most = [], 0
     with meter as mem:
         for i, a in enumerate(actions):
             st = stages[a.chunk]
-            received = st.receive(a.op, a.microbatch) if st.needs_recv(a.op, a.microbatch) else None  # not compute
+            key = (a.op, a.microbatch, st.stage_index)
+            received = (local.pop(key) if key in local else
+                        st.receive(a.op, a.microbatch) if st.needs_recv(a.op, a.microbatch) else None)  # not compute
             start = stamp()
+            out = None
             if a.op == FORWARD:
-                x = xs[a.microbatch] if st.is_first else received
-                out = st.forward(a.microbatch, x, ys[a.microbatch], loss_fn)
-                send = None if out is None else (FORWARD, a.microbatch, out)
-                held += 1
+                out = st.forward(a.microbatch, xs[a.microbatch] if st.is_first else received, ys[a.microbatch],
+                                 loss_fn)
+            elif a.op == BACKWARD:
+                out = st.backward(a.microbatch, received)
             else:
-                grad = st.backward(a.microbatch, received)
-                send = None if grad is None else (BACKWARD, a.microbatch, grad)
-                held -= 1
-            most = max(most, held)
+                st.backward_weight(a.microbatch)
+            most = max(most, sum(s.held for s in stages))
             live = mem.live if mem is not None else None
             tr.record("compute", repr(a), start, stamp(), op=a.op, microbatch=a.microbatch, chunk=a.chunk,
                       stage=st.stage_index, step=step, live_bytes=live)
             if mem is not None:
                 live_bytes.append(live)
+            send = None
+            if out is not None and st.destination(a.op) == st.rank:      # the V's turn: no message
+                local[(a.op, a.microbatch, st.stage_index + (1 if a.op == FORWARD else -1))] = out
+            elif out is not None:
+                send = (a.op, a.microbatch, out)
             nxt = actions[i + 1] if i + 1 < len(actions) else None
             nst = stages[nxt.chunk] if nxt is not None else st
             recv = (nxt.op, nxt.microbatch) if nxt is not None and nst.needs_recv(nxt.op, nxt.microbatch) else None
@@ -117,15 +133,21 @@ def _check(stages, schedule, inputs, targets, loss_fn) -> list[Action]:
     """This rank's actions, after checking every argument (ValueError before any message)."""
     first = stages[0]
     m, rank, world_size = first.microbatches, first.rank, first.world_size
+    problems = []
     if schedule and isinstance(schedule[0], (list, tuple)) and not isinstance(schedule[0], Action):
         if len(schedule) != world_size:
             raise ValueError(f"the schedule has {len(schedule)} ranks, the pipeline has world_size({world_size})")
         validate_schedule(schedule, m)
         actions = list(schedule[rank])
+        placement = placement_of(schedule)
+        if any(st.placement != placement for st in stages):
+            problems.append(f"the schedule places the virtual stages {placement} (placement[rank][chunk]), the "
+                            f"stages were built for {first.placement}: build them with "
+                            f"build_stages(model, schedule, ...)")
+        v = len(placement[rank])
     else:
         actions = list(schedule)
-    problems = []
-    v = 1 + max((a.chunk for a in actions), default=0)
+        v = 1 + max((a.chunk for a in actions), default=0)
     if [st.chunk for st in stages] != list(range(v)) or any(st.chunks != v for st in stages):
         problems.append(f"the schedule has {v} chunk(s) per rank; it needs one stage per chunk, in order, "
                         f"built with chunks={v}; got stages of chunks {[st.chunk for st in stages]} "

@@ -117,7 +117,6 @@ def interleaved_one_f_one_b_schedule(stages: int, microbatches: int, chunks: int
 SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule, "interleaved": interleaved_one_f_one_b_schedule,
              "zbh1": zbh1_schedule, "zbv": zbv_schedule, "dualpipev": dualpipev_schedule}
 V_SHAPED = ("zbv", "dualpipev")   # two chunks per rank, V placement
-RUNNABLE = ("gpipe", "1f1b", "interleaved")   # what `run_schedule` runs: no W, the looped placement
 
 
 def get_schedule(name: str, stages: int, microbatches: int, chunks: int = 2) -> Schedule:

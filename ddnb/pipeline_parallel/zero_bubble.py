@@ -22,9 +22,9 @@ torch's F is F; its I (BACKWARD_INPUT) is our B; its W is W; its B (FULL_BACKWAR
 our B followed at once by W of the same micro-batch; its OVERLAP_F_B (F;B) pair is the F
 followed by that B (and W): on one device they run one after the other, in that order,
 as torch's runtime runs the pair's sub-actions. The executor
-(`ddnb.pipeline_parallel.executor`) runs neither W nor a V placement yet: these
-schedules are for the checker and `simulate` (whose W events `ddnb.viz.pipeline` does
-not draw yet).
+(`ddnb.pipeline_parallel.executor`) runs them on real stages (`build_stages` places them
+in the V), B and W split as `ddnb.pipeline_parallel.split_backward` does; `simulate` runs
+them on paper (its W events `ddnb.viz.pipeline` does not draw yet).
 Taught in `notebooks/09_pipeline_parallelism.ipynb`.
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ def zbh1_schedule(stages: int, microbatches: int) -> Schedule:
     Memory: rank r holds p - r micro-batches' whole activations (F until B, 1F1B's
     count) plus r whose B has freed all but what W needs: (p-r)M_B + r·M_W, at most p·M_B
     on rank 0, 1F1B's peak (the paper's Sec. 2.3, (p-i+1)M_B + (i-1)M_W for worker i
-    counted from 1). Counted F until W, every rank has p in flight.
+    counted from 1). Counted F until W, every rank has p in flight (and with torch's
+    split, which the executor runs, M_W = M_B: p·M_B on every rank, `split_backward`).
     Bubble: (p-1)(T_F + T_B - T_W) per rank (Sec. 2.3, Table 2); with T_F = T_B = T_W that
     is (p-1)/(3m + p - 1) of the step (exactly what `simulate` gives for m >= p), against
     1F1B's (p-1)(T_F + T_B + T_W), (p-1)/(m + p - 1). The same order as torch's
