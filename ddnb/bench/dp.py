@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import statistics
 
+from ddnb.data_parallel.wrappers import STRATEGIES
+
 MODELS = {"many_small": (128, 40), "few_large": (2048, 3)}   # name -> (width, layers)
-STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
 
 
 def bench_model(name: str, seed: int = 0, width: int | None = None, layers: int | None = None):
@@ -63,40 +64,21 @@ def bench_model(name: str, seed: int = 0, width: int | None = None, layers: int 
 
 
 def wrap(strategy: str, model, lr: float = 0.01, bucket_mb: float = 25.0, allreduce: str = "torch", tracer=None):
-    """(model, optimizer, sync): `model` wrapped for `strategy`, a plain SGD optimizer on
-    it, and sync(), what the strategy needs called after backward (naive only)."""
+    """(model, optimizer, sync): `model` wrapped for `strategy`
+    (`ddnb.data_parallel.wrappers.make_wrapper`), a plain SGD optimizer on it (Horovod's
+    averaging one for "horovod"), and sync(), what the strategy needs called after backward."""
     import torch
 
-    none = lambda: None  # noqa: E731
-    if strategy == "naive":
-        from ddnb.data_parallel import NaiveDataParallel
+    from ddnb.data_parallel.wrappers import make_wrapper
 
-        model = NaiveDataParallel(model, allreduce=allreduce, tracer=tracer)
-        return model, torch.optim.SGD(model.parameters(), lr=lr), model.sync_gradients
-    if strategy == "bucketed":
-        from ddnb.data_parallel import BucketedDataParallel
-
-        model = BucketedDataParallel(model, bucket_mb=bucket_mb, allreduce=allreduce, tracer=tracer)
-        return model, torch.optim.SGD(model.parameters(), lr=lr), none
-    if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        from ddnb.emulate import uncounted
-
-        with uncounted():                   # its broadcast of the parameters is set-up, not a step
-            model = DistributedDataParallel(model)
-        from ddnb.emulate import current
-
-        if current() is not None:   # emulated: each bucket timed by its ring's messages
-            from ddnb.emulate.messages import ddp_comm_hook
-
-            model.register_comm_hook(None, ddp_comm_hook)
-        return model, torch.optim.SGD(model.parameters(), lr=lr), none
+    wrapped, sync = make_wrapper(strategy, model, bucket_mb=bucket_mb if strategy == "bucketed" else None,
+                                 allreduce=allreduce, tracer=tracer)   # DDP: its default buckets
+    opt = torch.optim.SGD(wrapped.parameters(), lr=lr)
     if strategy == "horovod":
         from ddnb.data_parallel import horovod_optimizer
 
-        return model, horovod_optimizer(model, torch.optim.SGD(model.parameters(), lr=lr)), none
-    raise ValueError(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
+        opt = horovod_optimizer(wrapped, opt)
+    return wrapped, opt, sync
 
 
 def rank_dp(model_name: str, strategies, batch: int = 32, steps: int = 20, warmup: int = 3, rounds: int = 4,

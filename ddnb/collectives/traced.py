@@ -7,6 +7,9 @@ compression sit on one time axis with the from-scratch algorithms' messages.
     all_gather(t, group, tracer, name, **fields)             (N, *t.shape), rank order
     reduce_scatter(chunks, group, tracer, name, **fields)    this rank's chunk of the sum
     barrier(group, tracer, name)
+    all_reduce_async(t, group)                               a work to .wait() (untraced: the
+                                                             caller stamps launch and end)
+    ddp_comm_hook()                                          the hook DDP's buckets need, or None
 
 An event is kind "collective", nbytes = the bytes this rank contributes (its tensor; a
 reduce-scatter's output), op = the collective, plus `fields`. In an emulated cluster the
@@ -73,6 +76,21 @@ def reduce_scatter(chunks: list[torch.Tensor], group=None, tracer: Tracer | None
     dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
     get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(out), op=as_op, **fields)
     return out
+
+
+def all_reduce_async(tensor: torch.Tensor, group=None):
+    """dist.all_reduce(tensor, async_op=True) (sum, in place): something with wait() and
+    is_completed(); the caller traces it (`ddnb.data_parallel.bucketed` stamps each
+    bucket's launch and end)."""
+    if "all_reduce_async" in _EMULATED:
+        return _EMULATED["all_reduce_async"](tensor, group)
+    return dist.all_reduce(tensor, group=group, async_op=True)
+
+
+def ddp_comm_hook():
+    """The communication hook torch's DDP needs here (`ddp.register_comm_hook(group, hook)`),
+    or None for DDP's own all-reduce (real mode)."""
+    return _EMULATED.get("ddp_comm_hook")
 
 
 def barrier(group=None, tracer: Tracer | None = None, name: str = "barrier") -> None:

@@ -11,6 +11,7 @@ the same step (the global-batch step). Naive first, then better:
                                                    the same training with Horovod, and its timeline
     grad_flow.py  gradient_flow, record_gradient_flow  per layer and rank, live: local gradient, its bucket,
                                                    the bucket's all-reduce start/end, the average
+    wrappers.py   make_wrapper, STRATEGIES         one constructor for naive / bucketed / DDP / Horovod
     demo.py       train_dp                         chapter 06's first run, traced
     ddp_buckets.py ddp_bucket_bytes                torch DDP's buckets, per step, seen by a comm hook
 
@@ -24,7 +25,8 @@ from ddnb.data_parallel.naive import NaiveDataParallel, allreduce_names, grad_no
 from ddnb.data_parallel.replicate import (ReplicaMismatchError, broadcast_module, check_replicas, checksum,
                                           replicate)
 from ddnb.data_parallel.sampler import ShardSampler, shard_indices, shard_size
+from ddnb.data_parallel.wrappers import STRATEGIES, make_wrapper
 
-__all__ = ["BucketedDataParallel", "NaiveDataParallel", "ReplicaMismatchError", "ShardSampler", "allreduce_names",
+__all__ = ["STRATEGIES", "BucketedDataParallel", "NaiveDataParallel", "ReplicaMismatchError", "ShardSampler", "allreduce_names",
            "assign_buckets", "broadcast_module", "check_replicas", "checksum", "grad_norms", "horovod_optimizer",
-           "horovod_timeline", "horovod_timeline_events", "overlap_stats", "replicate", "shard_indices", "shard_size"]
+           "horovod_timeline", "horovod_timeline_events", "make_wrapper", "overlap_stats", "replicate", "shard_indices", "shard_size"]

@@ -59,10 +59,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ddnb._checks import Checks
+from ddnb.collectives import traced
 from ddnb.data_parallel.naive import TORCH, allreduce_fn, grad_norms, validate_allreduce
 from ddnb.data_parallel.replicate import check_replicas, replicate
 from ddnb.emulate.clock import current, stamp   # stamp: time.time(), or the emulated time
-from ddnb.emulate.messages import EmulatedAllReduce
 from ddnb.trace import Tracer, get_tracer
 
 MB = 1 << 20
@@ -251,13 +251,12 @@ class BucketedDataParallel(nn.Module):
             idx = self.bucket_params[k]
             return HookWork(self._comm_hook(self._comm_state, Bucket(
                 k, buffer, [self._views[i] for i in idx], [self.params[i] for i in idx], len(self.buckets))), buffer)
-        if current() is not None:   # emulated: the real all-reduce, timed by the ring's messages (ddnb.emulate)
-            return EmulatedAllReduce(buffer, self.group)
         if self._thread is None:
+            # torch's, through the one traced layer (emulated: timed by its ring's messages).
             # No Python completion callback on the Work: gloo would run it on its own thread,
             # which then waits for the GIL (held by backward's hooks) before starting the next
             # bucket. Completion is noticed by polling instead (`_poll`).
-            return dist.all_reduce(buffer, group=self.group, async_op=True)
+            return traced.all_reduce_async(buffer, self.group)
 
         def run():
             self._allreduce(buffer)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from ddnb._checks import Checks
 
-STRATEGIES = ("naive", "bucketed", "ddp")
+from ddnb.data_parallel.wrappers import STRATEGIES as _ALL
+
+STRATEGIES = _ALL[:3]   # on torch.distributed: the ones this demo traces
 
 
 def train_dp(strategy: str, steps: int = 10, per_rank: int = 32, lr: float = 0.05, allreduce: str = "torch",
@@ -27,10 +29,9 @@ def train_dp(strategy: str, steps: int = 10, per_rank: int = 32, lr: float = 0.0
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-
     from ddnb.data import digits
-    from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel, ShardSampler, replicate
+    from ddnb.data_parallel import ShardSampler, replicate
+    from ddnb.data_parallel.wrappers import make_wrapper
     from ddnb.data_parallel.naive import validate_allreduce
     from ddnb.models import flat_params, mlp
     from ddnb.trace import Tracer
@@ -49,20 +50,15 @@ def train_dp(strategy: str, steps: int = 10, per_rank: int = 32, lr: float = 0.0
                          f"rank's shard ({len(idx)} on {n} ranks); this demo does not reshuffle")
     model = replicate(mlp((64, 128, 10), seed=rank))            # rank 0's parameters everywhere
     tracer = Tracer()
-    if strategy == "naive":
-        dp = NaiveDataParallel(model, allreduce=allreduce, tracer=tracer)
-    elif strategy == "bucketed":
-        dp = BucketedDataParallel(model, bucket_mb=bucket_mb, allreduce=allreduce, tracer=tracer,
-                                  record_grad_norms=True)
-    else:
-        dp = DistributedDataParallel(model)
+    dp, sync = make_wrapper(strategy, model, bucket_mb=bucket_mb if strategy == "bucketed" else None,
+                            allreduce=allreduce, tracer=tracer,
+                            **({"record_grad_norms": True} if strategy == "bucketed" else {}))
     opt = torch.optim.SGD(dp.parameters(), lr=lr, momentum=0.9)
     for t in range(steps):
         b = idx[t * per_rank:(t + 1) * per_rank]                # this rank's digits, (per_rank,)
         opt.zero_grad()
         F.cross_entropy(dp(train_set.x[b]), train_set.y[b]).backward()
-        if strategy == "naive":
-            dp.sync_gradients()                                   # one all-reduce per parameter, after backward
+        sync()                                                    # naive: one all-reduce per parameter
         opt.step()
     if hasattr(dp, "remove_hooks"):
         dp.remove_hooks()

@@ -35,8 +35,8 @@ from __future__ import annotations
 import time
 
 from ddnb._checks import Checks
+from ddnb.data_parallel.wrappers import STRATEGIES
 
-STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
 MB = 1 << 20
 
 

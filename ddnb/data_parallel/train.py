@@ -20,7 +20,7 @@ import time
 
 from ddnb._checks import Checks
 
-STRATEGIES = ("naive", "bucketed", "ddp", "horovod")
+from ddnb.data_parallel.wrappers import STRATEGIES, make_wrapper
 
 
 def check_args(strategy: str, steps: int, per_rank: int, lr: float, hidden: int = 128, layers: int = 1,
@@ -108,7 +108,7 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
     import torch.nn.functional as F
 
     from ddnb.data import digits
-    from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel, ShardSampler, replicate
+    from ddnb.data_parallel import ShardSampler, replicate
     from ddnb.data_parallel import checkpoint as ckpt
     from ddnb.models import accuracy, flat_params, mlp
 
@@ -138,16 +138,9 @@ def train_digits(strategy: str = "ddp", steps: int = 10, per_rank: int = 32, lr:
                                 **optimizer_kwargs)        # broadcasts rank 0's parameters first
         wrapped = model
     else:
-        from torch.nn.parallel import DistributedDataParallel
-
         replicate(model)                                     # rank 0's parameters everywhere
-        if strategy == "naive":
-            wrapped = NaiveDataParallel(model, allreduce=allreduce, tracer=tracer)
-            sync = wrapped.sync_gradients
-        elif strategy == "bucketed":
-            wrapped = BucketedDataParallel(model, bucket_mb=bucket_mb, allreduce=allreduce, tracer=tracer)
-        else:
-            wrapped = DistributedDataParallel(model)
+        wrapped, sync = make_wrapper(strategy, model, bucket_mb=bucket_mb if strategy == "bucketed" else None,
+                                     allreduce=allreduce, tracer=tracer)
         opt = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=momentum)
     sampler = ShardSampler(train_set, num_replicas=n, rank=rank, seed=seed)
     per_epoch = len(sampler) // per_rank

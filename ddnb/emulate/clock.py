@@ -236,7 +236,8 @@ class Emulator:
 
     def _reserve(self, direction: str, ready: float, seconds: float) -> float:
         """The start of a message on this host's shared NIC (`ddnb.emulate.nic`)."""
-        start, conflict = self.nics.reserve(self.profile.host(self.rank), direction, ready, seconds, self.tolerance)
+        start, conflict = self.nics.reserve(self.profile.host(self.rank), direction, ready, seconds,
+                                            TOLERANCE_ALPHAS * self.profile.inter.alpha)   # a NIC's own latency
         self.nic_conflicts += conflict
         return start
 

@@ -11,16 +11,22 @@ long enough for it (first fit over the busy intervals kept, `SLOTS` per NIC and
 direction). Ranks reserve in real order, which pacing keeps close to emulated order; where
 a message that is later in emulated time was reserved first and now delays an earlier one,
 real order decided the time: the reservation is counted as a *conflict* (`Emulator.report`),
-as an overrun is, and more slowdown removes it.
+as an overrun is, and more slowdown removes it. Measured in `ddnb.bench.nic`; taught in
+`notebooks/05_allreduce.ipynb`.
 """
 from __future__ import annotations
 
 import fcntl
 import mmap
 import os
+from array import array
 
-SLOTS = 256            # busy intervals (start, end) kept per NIC and direction, newest last
-_DOUBLES = 1 + 2 * SLOTS   # [count, start_0, end_0, ...]: a ring of the last SLOTS intervals
+SLOTS = 256            # busy intervals kept per NIC and direction, newest last
+_DOUBLES = 1 + 3 * SLOTS   # [count, (start, end, ready) x SLOTS]: a ring of the last SLOTS intervals
+
+
+def memoryview_of(*values: float) -> memoryview:
+    return memoryview(array("d", values))
 
 
 class SharedNics:
@@ -52,25 +58,25 @@ class SharedNics:
                 tolerance: float = 0.0) -> tuple[float, bool]:
         """Hold host `host`'s NIC in `direction` ("out" or "in") for `seconds`, from the
         earliest time >= ready it is free that long; returns (start, conflict): conflict
-        when an interval reserved earlier in real time but starting more than `tolerance`
-        after `ready` pushed this one later (two messages of nearly the same time may go
-        in either order)."""
+        when an interval reserved earlier in real time, for a message that was ready more
+        than `tolerance` after this one, pushed this one later (messages ready at nearly
+        the same time may go in either order)."""
         eps = 1e-12 * max(1.0, abs(ready))      # intervals that touch do not overlap
         base = (host * 2 + (direction == "in")) * _DOUBLES
         with self._locked():
             count = int(self.d[base])
             kept = min(count, SLOTS)
-            busy = sorted((self.d[base + 1 + 2 * i], self.d[base + 2 + 2 * i]) for i in range(kept))
+            busy = sorted(tuple(self.d[base + 1 + 3 * i:base + 4 + 3 * i]) for i in range(kept))
             start, conflict = ready, False
-            for a, b in busy:
+            for a, b, theirs in busy:
                 if b <= start + eps:
                     continue
                 if a >= start + seconds - eps:
                     break
-                conflict = conflict or a > ready + tolerance
+                conflict = conflict or theirs > ready + tolerance
                 start = b
             slot = count % SLOTS
-            self.d[base + 1 + 2 * slot], self.d[base + 2 + 2 * slot] = start, start + seconds
+            self.d[base + 1 + 3 * slot:base + 4 + 3 * slot] = memoryview_of(start, start + seconds, ready)
             self.d[base] = count + 1
         return start, conflict
 
