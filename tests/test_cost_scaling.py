@@ -15,7 +15,7 @@ from ddnb.cost.scaling import (NETWORKS, NVLINK, STEP_ALGORITHMS, Network, commu
 
 A, B = 1e-5, 1e-9          # 10 us a message, 1 GB/s
 S = 1e6                    # bytes
-NET = Network("test", 8e9, A)   # 8 Gb/s = 1e9 B/s: beta = 1e-9
+NET = Network(A, 1e9, "test")   # 1e9 B/s: beta = 1e-9
 
 
 def test_network_alpha_beta():
@@ -58,7 +58,7 @@ def test_communication_by_hand(algorithm, p):
 # hierarchical, 8 per node on INTRA (1 us, 1e10 B/s), ring of m nodes on NET, S/8 bytes each:
 # p = 8 (one node): 2*7*1e-6 + 2*7/8*1e6*1e-10 = 1.4e-5 + 1.75e-4 = 1.89e-4
 # p = 4096 (512 nodes): 1.89e-4 + 2*511*1e-5 + 2*511/512*1.25e5*1e-9 = 1.89e-4 + 1.022e-2 + 2.4951171875e-4
-INTRA = Network("intra", 8e10, 1e-6)
+INTRA = Network(1e-6, 1e10, "intra")
 
 
 @pytest.mark.parametrize("p, expected", [(8, 1.89e-4), (4096, 1.89e-4 + 1.022e-2 + 2.4951171875e-4)])
@@ -191,8 +191,8 @@ def test_step_times_and_efficiency_shape():
     (lambda: communication_time("ring", 1e6, 8, NET, bytes_per_param=0), "bytes_per_param=0"),
     (lambda: communication_time("ring", 1e6, 8, NET, bucket_bytes=-5), "bucket_bytes=-5"),
     (lambda: communication_time("ring", 1e6, 8, "fast"), "'fast'"),
-    (lambda: communication_time("ring", 1e6, 8, Network("bad", -1e9, 1e-6)), "net.bandwidth=-1000000000.0"),
-    (lambda: communication_time("ring", 1e6, 8, Network("bad", 1e9, -1e-6)), "net.latency=-1e-06"),
+    (lambda: communication_time("ring", 1e6, 8, Network(1e-6, -1e9, "bad")), "net.bandwidth=-1000000000.0"),
+    (lambda: communication_time("ring", 1e6, 8, Network(-1e-6, 1e9, "bad")), "net.alpha=-1e-06"),
     (lambda: communication_time("butterfly", 1e6, 8, NET), "'butterfly'"),
     (lambda: communication_time("ps_sharded", 1e6, 8, NET, servers=0), "servers=0"),
     (lambda: communication_time("torus2d", 1e6, 12, NET), "workers=12 is not a power of two"),

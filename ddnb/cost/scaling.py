@@ -35,49 +35,37 @@ Taught in `notebooks/12_scalability.ipynb`.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 from ddnb._checks import Checks
 from ddnb.cost.alpha_beta import ALGORITHMS, allreduce_time
+from ddnb.emulate.profile import Link
 
 
-class Network(NamedTuple):
-    """A link: `bandwidth` in bits per second (one direction), `latency` in seconds a message."""
-    name: str
-    bandwidth: float
-    latency: float
-
-    @property
-    def alpha(self) -> float:
-        return self.latency
-
-    @property
-    def beta(self) -> float:
-        return 8.0 / self.bandwidth  # seconds per byte
+Network = Link   # a network is the emulator's Link: alpha (s), bandwidth (bytes/s), name
 
 
 def network(bandwidth_gbps: float, latency_us: float, name: str | None = None) -> Network:
-    """Network(bandwidth_gbps Gb/s, latency_us us a message), validated."""
+    """A Link of bandwidth_gbps Gb/s (bandwidth_gbps / 8 GB/s) and latency_us us a message,
+    validated."""
     with Checks("network") as check:
         check.number("bandwidth_gbps", bandwidth_gbps, positive=True)
         check.number("latency_us", latency_us, min=0)
-    return Network(name or f"{bandwidth_gbps:g} Gb/s, {latency_us:g} us", bandwidth_gbps * 1e9, latency_us * 1e-6)
+    return Link(latency_us * 1e-6, bandwidth_gbps * 1e9 / 8, name or f"{bandwidth_gbps:g} Gb/s, {latency_us:g} us")
 
 
 NETWORKS = {  # illustrative, see the module docstring
-    "100G Ethernet": Network("100 Gb/s, 5 us", 100e9, 5e-6),
-    "400G InfiniBand": Network("400 Gb/s, 2 us", 400e9, 2e-6),
+    "100G Ethernet": network(100, 5, "100 Gb/s, 5 us"),
+    "400G InfiniBand": network(400, 2, "400 Gb/s, 2 us"),
 }
-NVLINK = Network("NVLink 300 GB/s, 1 us", 2400e9, 1e-6)
+NVLINK = Link(1e-6, 300e9, "NVLink 300 GB/s, 1 us")
 STEP_ALGORITHMS = ("ps_central", "ps_sharded", "tree", "ring", "halving_doubling", "hierarchical", "torus2d")
 
 
 # ---------------------------------------------------------------- validation
 def _link(check: Checks, name: str, net) -> None:
-    """`net` a Network with a bandwidth > 0 and a latency >= 0."""
-    if check.rule(isinstance(net, Network), f"{name}={net!r}: need a ddnb.cost.scaling.Network (see network(...))"):
-        check.number(f"{name}.bandwidth", net.bandwidth, positive=True)
-        check.number(f"{name}.latency", net.latency, min=0)
+    """`net` a Link with a bandwidth > 0 and an alpha >= 0."""
+    if check.rule(isinstance(net, Link), f"{name}={net!r}: need a ddnb.emulate.Link (see network(...))"):
+        check.number(f"{name}.bandwidth", net.bandwidth, positive=True, why=" (bytes/s)")
+        check.number(f"{name}.alpha", net.alpha, min=0, why=" (seconds)")
 
 
 def _link_costs(check: Checks, **values) -> None:

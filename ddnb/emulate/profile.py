@@ -33,10 +33,18 @@ from ddnb._checks import Checks
 
 @dataclass(frozen=True)
 class Link:
-    """alpha: seconds of latency per message; bandwidth: bytes per second, one direction."""
+    """A link of Hockney's model, the one hardware type of ddnb (the emulator's links and the
+    cost models' networks, `ddnb.cost.scaling`): alpha, seconds of latency per message;
+    bandwidth, bytes per second in one direction; an optional name for tables."""
 
     alpha: float
     bandwidth: float
+    name: str = ""
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte: 1 / bandwidth."""
+        return 1.0 / self.bandwidth
 
     def time(self, nbytes: int) -> float:
         """alpha + n / B: seconds for one message of `nbytes`."""

@@ -119,8 +119,8 @@ class ScalingExplorer:
         self.model = widgets.Dropdown(options=list(self.models), description="model")
         self.network = widgets.Dropdown(options=list(self.networks), description="network")
         first = self.networks[self.network.value]
-        self.bandwidth = widgets.FloatText(value=first.bandwidth / 1e9, description="Gb/s")
-        self.latency = widgets.FloatText(value=first.latency * 1e6, description="latency us")
+        self.bandwidth = widgets.FloatText(value=first.bandwidth * 8 / 1e9, description="Gb/s")
+        self.latency = widgets.FloatText(value=first.alpha * 1e6, description="latency us")
         self.algorithms = widgets.SelectMultiple(options=list(STEP_ALGORITHMS), value=chosen, rows=7,
                                                  description="algorithms")
         self.status = widgets.Label()
@@ -135,7 +135,7 @@ class ScalingExplorer:
     def _network_chosen(self, change) -> None:
         net = self.networks[change["new"]]
         with self.bandwidth.hold_trait_notifications(), self.latency.hold_trait_notifications():
-            self.bandwidth.value, self.latency.value = net.bandwidth / 1e9, net.latency * 1e6
+            self.bandwidth.value, self.latency.value = net.bandwidth * 8 / 1e9, net.alpha * 1e6
         self.redraw()
 
     def curves(self):
