@@ -91,7 +91,7 @@ def test_the_compression_widget_trains_times_and_names_bad_settings(world):
     from ddnb.compression import method_bytes
     from ddnb.compression.train import HIDDEN
     from ddnb.models import mlp
-    from ddnb.viz.compression import CompressionExplorer
+    from ddnb.viz.widgets.compression import CompressionExplorer
 
     explorer = CompressionExplorer(_WorldCluster(world(2)), steps=6)
     explorer.link.value = "0.1 GB/s"          # each change re-runs: powersgd:4 on 0.1 GB/s

@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 import pytest
 
 from ddnb.collectives.demo import COLLECTIVES, expected_buffers, on_first_ranks
-from ddnb.viz.collective_explorer import CollectiveExplorer, collective_buffers, plot_collective
+from ddnb.viz.buffers import plot_collective
+from ddnb.viz.widgets.collective_explorer import CollectiveExplorer, collective_buffers
 
 
 class WorldAsCluster:

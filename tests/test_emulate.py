@@ -386,7 +386,7 @@ def test_the_parameter_server_is_refused_in_an_emulated_cluster_on_every_rank(mo
     carry: every rank says so before any message, none blocks. (A rank that blocked would
     still be listed as blocked after the grace, which is long here so that a slow rank on a
     loaded machine is not mistaken for a blocked one.)"""
-    monkeypatch.setattr("ddnb.testing.ERROR_GRACE_SECONDS", 30.0)
+    monkeypatch.setattr("ddnb.runtime.world.ERROR_GRACE_SECONDS", 30.0)
     from functools import partial
 
     from ddnb.runtime.errors import WorkerError

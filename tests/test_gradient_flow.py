@@ -1,7 +1,8 @@
-"""ddnb.data_parallel.grad_flow (gradient flow recorded live on real ranks) and
-ddnb.viz.gradient_flow (its plot and widget): every layer on every rank, buckets that
-cover the layers once, all-reduces that start after their gradients exist, and averaged
-gradients equal across ranks and to one process on the global batch."""
+"""ddnb.data_parallel.grad_flow (gradient flow recorded live on real ranks), its plot
+(ddnb.viz.gradient_flow) and its widget (ddnb.viz.widgets.gradient_flow): every layer on
+every rank, buckets that cover the layers once, all-reduces that start after their
+gradients exist, and averaged gradients equal across ranks and to one process on the
+global batch."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -11,7 +12,8 @@ import pytest  # noqa: E402
 from conftest import requires_horovod  # noqa: E402
 from ddnb.data_parallel.grad_flow import (flow_invariants, gradient_flow, record_gradient_flow,  # noqa: E402
                                           reference_gradient_flow)
-from ddnb.viz.gradient_flow import GradientFlowWidget, plot_gradient_flow  # noqa: E402
+from ddnb.viz.gradient_flow import plot_gradient_flow  # noqa: E402
+from ddnb.viz.widgets.gradient_flow import GradientFlowWidget  # noqa: E402
 
 STEPS, LAYERS = 3, 10
 

@@ -11,7 +11,8 @@ from conftest import requires_horovod
 from ddnb.bench.horovod_knobs import _start_with, measure_knobs
 from ddnb.data_parallel.horovod_knobs import fused_allreduces, knob_env, knob_steps
 from ddnb.testing import World
-from ddnb.viz.horovod_knobs import HorovodKnobs, knob_label, plot_knob_runs
+from ddnb.viz.horovod_knobs import knob_label, plot_knob_runs
+from ddnb.viz.widgets.horovod_knobs import HorovodKnobs
 
 LAYERS = 2                       # an MLP of 3 Linear layers: 6 gradient tensors
 

@@ -3,7 +3,8 @@ used to stay importable): no module reaches itself, and arrows go up the written
 order only, core -> comm -> emulator -> algorithms -> cost models -> runtime -> bench ->
 viz -> exercises. An arrow against the order that has to stay for a while is listed in
 KNOWN, with why (none is now); a new one fails, and so does a listed one that is gone
-(take it off the list)."""
+(take it off the list). Inside viz, the plots never import the widgets that run work
+(ddnb.viz.widgets) nor what starts processes (runtime, testing, bench)."""
 import ast
 from pathlib import Path
 
@@ -100,3 +101,22 @@ def test_the_graph_sees_imports_inside_functions():
     assert {"ddnb.collectives.p2p", "ddnb.emulate.compute"} <= edges["ddnb.emulate.session"]   # both in functions
     assert "ddnb.collectives.devices" in edges["ddnb.runtime.worker"]  # local, to keep torch out of its import
     assert not any(t.startswith("ddnb.emulate") for t in edges["ddnb.collectives.p2p"])   # the transport is plugged in
+
+
+def test_viz_plots_import_no_widget_and_start_nothing():
+    """ddnb.viz.widgets falls in the viz layer by the prefix ddnb.viz, ddnb.runtime.world in
+    the runtime layer beside ddnb.testing. No module of ddnb.viz outside ddnb.viz.widgets
+    imports a widget (only the package's __init__ re-exports a few), and none of them
+    imports the layers that start processes: runtime (ddnb.runtime, ddnb.testing, ...) and
+    bench (ddnb.bench, ...)."""
+    assert LAYERS[layer("ddnb.viz.widgets.moe")][0] == LAYERS[layer("ddnb.viz.widgets")][0] == "viz"
+    assert LAYERS[layer("ddnb.runtime.world")][0] == LAYERS[layer("ddnb.testing")][0] == "runtime"
+    edges = graph()
+    widget = lambda m: m == "ddnb.viz.widgets" or m.startswith("ddnb.viz.widgets.")   # noqa: E731
+    plots = [m for m in edges if (m == "ddnb.viz" or m.startswith("ddnb.viz.")) and not widget(m)]
+    assert "ddnb.viz.memory" in plots and "ddnb.viz.widgets.moe" in edges
+    starts = {i for i, (name, _) in enumerate(LAYERS) if name in ("runtime", "bench")}
+    assert {layer("ddnb.testing"), layer("ddnb.runtime.cluster"), layer("ddnb.bench.dp")} <= starts
+    bad = sorted((m, t) for m in plots for t in edges[m] if (widget(t) and m != "ddnb.viz") or layer(t) in starts)
+    assert not bad, "plotting modules that import widgets or start processes:\n" + "\n".join(
+        f"{m} -> {t}" for m, t in bad)

@@ -115,7 +115,8 @@ def test_subgroup_of_workers(world):
 
 
 def test_plot_and_widget_headless(timelines):
-    from ddnb.viz.memory_timeline import MemoryTimelineWidget, peak_parts, plot_memory_timeline
+    from ddnb.viz.memory_timeline import peak_parts, plot_memory_timeline
+    from ddnb.viz.widgets.memory_timeline import MemoryTimelineWidget
 
     axes = plot_memory_timeline(timelines["1f1b"], title="1f1b")
     assert len(axes) == 4 and axes[0].get_xticklabels()[0].get_text() == "start"

@@ -38,7 +38,7 @@ def test_bad_settings_are_named_together():
 
 
 def test_widget_reruns_and_reports_errors(world):
-    from ddnb.viz.moe import MoELoadExplorer
+    from ddnb.viz.widgets.moe import MoELoadExplorer
 
     explorer = MoELoadExplorer(WorldCluster(world(4)))
     assert explorer.run() and "dropped" in explorer.status.value and explorer.image.value[:4] == b"\x89PNG"

@@ -13,7 +13,8 @@ import torch
 from ddnb.models import GPTConfig
 from ddnb.pipeline_parallel.naive_training import (all_partitions, grads_match, median_step, step_summary,
                                                    train_single, train_split)
-from ddnb.viz.partition_explorer import PartitionExplorer, measure_partition, plot_partition
+from ddnb.viz.partition import plot_partition
+from ddnb.viz.widgets.partition_explorer import PartitionExplorer, measure_partition
 from test_collective_explorer import WorldAsCluster
 
 CFG = GPTConfig(n_layers=2)          # Embedding, 2 Blocks, Head: 4 layers

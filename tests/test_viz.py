@@ -90,7 +90,7 @@ def test_parameter_server_plots_draw_from_plain_results():
 def test_parameter_server_explorer_draws_what_its_run_fn_returns():
     """The widget trains nothing itself: Run passes its knobs to run_fn and draws the
     per-rank dicts it returns; a failed run is shown in the status, not raised."""
-    from ddnb.viz.parameter_server import ParameterServerExplorer
+    from ddnb.viz.widgets.parameter_server import ParameterServerExplorer
 
     server = {"role": "server", "history": [{"time": 0.1, "version": 1, "loss": 2.0}],
               "applied": [{"worker": 1, "staleness": 1}]}

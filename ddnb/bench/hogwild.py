@@ -26,7 +26,7 @@ def hogwild(data: SparseData, processes: int = 2, steps: int = 1000, lr: float =
         check.number("lr", lr, positive=True)
     import torch.multiprocessing as mp
 
-    from ddnb.testing import _main_not_reimported
+    from ddnb.runtime.world import _main_not_reimported
 
     w = torch.zeros(data.dim).share_memory_()                                      # (dim,) the parameters
     counts = torch.zeros(data.dim, dtype=torch.int64).share_memory_()              # (dim,) writes so far

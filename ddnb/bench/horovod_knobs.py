@@ -6,7 +6,7 @@ and runs `ddnb.data_parallel.horovod_knobs.knob_steps` on every rank.
     run = measure_knobs(cluster, fusion_mb=0)                 # restarts if needed, then trains
     run["allreduces_per_step"], run["step_time"]              # 34 (one per tensor), seconds
 
-Taught in `notebooks/07_horovod.ipynb` (the widget is `ddnb.viz.horovod_knobs.HorovodKnobs`).
+Taught in `notebooks/07_horovod.ipynb` (the widget is `ddnb.viz.widgets.horovod_knobs.HorovodKnobs`).
 """
 from __future__ import annotations
 

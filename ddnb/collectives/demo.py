@@ -6,7 +6,7 @@ Rank r starts with elements 10·r + 1, 10·r + 2, ... (so every value says where
 from); the root of rooted collectives is rank 0. `on_first_ranks` runs one on the first k ranks
 only (a group of its own), and `expected_buffers` is the same table computed in one
 process, from the collectives' definitions (MPI standard 4.0, Ch. 6): what the
-`ddnb.viz.collective_explorer.CollectiveExplorer` widget and the tests compare with.
+`ddnb.viz.widgets.collective_explorer.CollectiveExplorer` widget and the tests compare with.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ with them (`Cluster.start_horovod(env=...)`); changing only fp16 reuses the runn
 `knob_steps` (on every rank) times a few training steps of a deep, narrow MLP (34
 gradient tensors) and records Horovod's timeline for a few more; `fused_allreduces`
 reads the timeline: the tensors of one fused all-reduce share its start. Taught in
-`notebooks/07_horovod.ipynb` (the widget is `ddnb.viz.horovod_knobs.HorovodKnobs`).
+`notebooks/07_horovod.ipynb` (the widget is `ddnb.viz.widgets.horovod_knobs.HorovodKnobs`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The errors a distributed run raises instead of hanging: each names the ranks involved.
-Shared by `ddnb.runtime.cluster` (ipyparallel engines) and `ddnb.testing` (spawned processes).
+Shared by `ddnb.runtime.cluster` (ipyparallel engines) and `ddnb.runtime.world` (forked processes).
 Taught in `notebooks/00_getting_started.ipynb`.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ rendezvous server (Horovod's Gloo contexts exchange their addresses through it),
 every process a slot (rank, local rank, cross rank, ...) with `get_host_assignments`, and
 exports those values to each worker as HOROVOD_* environment variables. Here the notebook
 (or the test process) does the same, so Horovod runs inside processes that already exist:
-ipyparallel engines, or the processes of `ddnb.testing`.
+ipyparallel engines, or the processes of `ddnb.runtime.world`.
 
 Sergeev & Del Balso, "Horovod: fast and easy distributed deep learning in TensorFlow"
 (2018). Taught in `notebooks/00_getting_started.ipynb` and `notebooks/07_horovod.ipynb`.

@@ -1,5 +1,5 @@
 """What runs inside each worker process (an ipyparallel engine, or a process spawned by
-`ddnb.testing`) to make it a rank of a torch.distributed world and, optionally, of Horovod.
+`ddnb.runtime.world`) to make it a rank of a torch.distributed world and, optionally, of Horovod.
 
 The notebook side (`ddnb.runtime.cluster`) decides everything (rank, backend, addresses) and calls
 these functions on the engines; they only act on the process they run in. Taught in
@@ -67,7 +67,7 @@ def threads_for(local_ranks: int, threads: int | None = None) -> int:
 def limit_threads(local_ranks: int = 1, threads: int | None = None) -> int:
     """Size this process's intra-op threads by `threads_for` (torch.set_num_threads, and
     OMP/MKL/OpenBLAS_NUM_THREADS for libraries loaded later and processes started from
-    here). Every process ddnb starts or runs in calls it: engines, `ddnb.testing` ranks,
+    here). Every process ddnb starts or runs in calls it: engines, `ddnb.runtime.world` ranks,
     `ddnb.launch` under torchrun or horovodrun. Returns the thread count."""
     threads = threads_for(local_ranks, threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

@@ -36,12 +36,12 @@ _server_env: dict | None = None     # IMPORT_TIME_ENV when this process's fork s
 
 def usable() -> bool:
     """Whether processes are forked here: on Linux, unless DDNB_ENGINE_START=spawn. Used for
-    `ddnb.Cluster`'s local engines and `ddnb.testing.World`'s ranks."""
+    `ddnb.Cluster`'s local engines and `ddnb.runtime.world.World`'s ranks."""
     return sys.platform.startswith("linux") and os.environ.get("DDNB_ENGINE_START", "fork") != "spawn"
 
 
 def mp_context():
-    """The multiprocessing context `ddnb.testing.World` starts its ranks with: with
+    """The multiprocessing context `ddnb.runtime.world.World` starts its ranks with: with
     Linux the standard library's fork server with the same modules preloaded (started once per
     process, reused by every later World); "spawn" elsewhere or with DDNB_ENGINE_START=spawn.
     Each rank takes the parent's environment as it is at the World's start; variables that
@@ -55,6 +55,8 @@ def mp_context():
         return mp.get_context("spawn")
     _server_env = now
     ctx = mp.get_context("forkserver")
+    # "ddnb.testing" (it imports ddnb.runtime.world) also names the server and the ranks it forks
+    # on their command line, where conditions.CLUSTER_MARKERS finds them
     ctx.set_forkserver_preload([m for m in PRELOAD if not m.startswith("ipyparallel")] + ["ddnb.testing"])
     return ctx
 

@@ -1,6 +1,8 @@
 """Per-rank buffers before and after a collective, drawn as coloured cells: the picture
 of what broadcast, scatter, gather, reduce, all-gather, reduce-scatter, all-reduce and
-all-to-all do. Values are plain lists (one list of numbers per rank; None = empty).
+all-to-all do. Values are plain lists (one list of numbers per rank; None = empty);
+`plot_collective` titles them with the collective (`ddnb.viz.widgets.collective_explorer`
+runs it on the cluster).
 Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
@@ -17,6 +19,14 @@ def plot_buffers(before: list, after: list, title: str = "", axes=None):
     if title:
         axes[0].figure.suptitle(title)
     return axes
+
+
+def plot_collective(name: str, before: list, after: list, axes=None):
+    """Every rank's buffer before and after collective `name` (lists as
+    `ddnb.collectives.demo.run_collective` returns them, one per rank, None = nothing of
+    interest). Returns the Figure."""
+    axes = plot_buffers(before, after, title=f"{name} on {len(before)} ranks", axes=axes)
+    return axes[0].figure
 
 
 def _draw(ax, data, name):

@@ -1,10 +1,9 @@
 """Memory through one step, per rank: stacked areas of parameters, gradients, optimizer
-state and activations at each event of the step (`ddnb.memory_timeline`), and a widget
-that re-runs the step on the cluster when its strategy or worker count changes.
+state and activations at each event of the step (`ddnb.memory_timeline`).
 
 `plot_memory_timeline` takes plain data, the [(label, index, {part: bytes})] of each rank,
-so it draws without a cluster; `MemoryTimelineWidget` measures on real processes and
-redraws into an `ipywidgets.Image` (see `ddnb.viz.widgets`). Taught in
+so it draws without a cluster; `ddnb.viz.widgets.memory_timeline.MemoryTimelineWidget`
+re-runs the step on the cluster when its strategy or worker count changes. Taught in
 `notebooks/11_memory_sharding.ipynb`.
 """
 from __future__ import annotations
@@ -50,61 +49,3 @@ def peak_parts(events: list[tuple]) -> dict:
     out = {k: max(b.get(k, 0) for _, _, b in events) for k in ORDER}
     out["total"] = max(sum(b.get(k, 0) for k in ORDER) for _, _, b in events)
     return out
-
-
-class MemoryTimelineWidget:
-    """A strategy drop-down and a worker-count slider; each change runs one step on the
-    first `workers` ranks of `cluster` (`ddnb.memory_timeline.memory_timeline`) and redraws
-    the per-rank timelines. Errors (e.g. tp on 3 workers: 4 heads do not split 3 ways)
-    are shown in the status line, not raised.
-
-        w = MemoryTimelineWidget(cluster, strategy="zero3")
-        w                          # the controls and the picture
-        w.timelines                # what was measured last: per rank, [(label, index, bytes)]
-    """
-
-    def __init__(self, cluster, strategy: str = "dp", workers: int | None = None, unit: str = "KB", **kwargs):
-        import ipywidgets as widgets
-
-        from ddnb.memory_timeline import STRATEGIES
-
-        workers = cluster.n if workers is None else workers
-        with Checks("MemoryTimelineWidget") as check:
-            check.choice("strategy", strategy, STRATEGIES)
-            check.integer("workers", workers, min=1, max=cluster.n)
-            check.choice("unit", unit, UNITS)
-        self.cluster, self.unit, self.kwargs = cluster, unit, kwargs
-        self.timelines: list = []
-        self.strategy = widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy")
-        self.workers = widgets.IntSlider(value=workers, min=1, max=cluster.n, description="workers",
-                                         continuous_update=False)
-        self.status = widgets.Label()
-        self.image = widgets.Image(format="png")
-        for control in (self.strategy, self.workers):
-            control.observe(lambda change: self.update(), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.strategy, self.workers]), self.status, self.image])
-        self.update()
-
-    def update(self) -> list | None:
-        """Run the selected strategy on the selected workers and redraw; the timelines, or
-        None after an error (shown in `status`)."""
-        from ddnb.memory_timeline import memory_timeline
-        from ddnb.viz.png import figure_png
-
-        s, n = self.strategy.value, self.workers.value
-        self.status.value = f"{s} on {n} workers: running one step..."
-        try:
-            self.timelines = memory_timeline(self.cluster, s, n, **self.kwargs)
-        except Exception as e:  # noqa: BLE001 - shown to the learner
-            self.status.value = f"{s} on {n} workers: {type(e).__name__}: {e}"
-            return None
-        axes = plot_memory_timeline(self.timelines, title=f"{s}, {n} worker(s): one training step", unit=self.unit)
-        self.image.value = figure_png(axes[0].figure)
-        peak = max(peak_parts(ev)["total"] for ev in self.timelines)
-        self.status.value = f"{s} on {n} workers: the fullest rank peaks at {peak / UNITS[self.unit]:.0f} {self.unit}"
-        return self.timelines
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)

@@ -1,9 +1,6 @@
-"""Widgets that vary the number of workers of a `ddnb.Cluster` and re-measure.
-
-Widgets draw their figures into an `ipywidgets.Image` (PNG bytes), not an Output widget:
-an image is part of the widget's state, so it is saved with the notebook and never leaks
-into the cell's outputs, whoever runs the notebook (JupyterLab, nbclient, nbval).
-Taught in `notebooks/00_getting_started.ipynb` and `notebooks/06_data_parallelism.ipynb`.
+"""A widget that varies the number of workers of a `ddnb.Cluster` and re-measures
+(`ddnb.viz.scaling` draws what it measured). Taught in `notebooks/00_getting_started.ipynb`,
+`notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb`.
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@
 Each change re-runs the collective on the engines (`ddnb.collectives.demo.on_first_ranks`:
 the first k ranks in a group of their own, through `dist.new_group`), not a replay, and
 says whether what came back equals the collective's definition computed in this process
-(`ddnb.collectives.demo.expected_buffers`). The picture is `plot_collective`, which takes
-plain lists and draws without a cluster. Taught in `notebooks/03_collectives.ipynb`.
+(`ddnb.collectives.demo.expected_buffers`). The picture is `ddnb.viz.buffers.plot_collective`,
+which takes plain lists and draws without a cluster. Taught in `notebooks/03_collectives.ipynb`.
 """
 from __future__ import annotations
 
@@ -18,17 +18,8 @@ from IPython.display import display
 
 from ddnb._checks import Checks
 from ddnb.collectives.demo import COLLECTIVES, expected_buffers, on_first_ranks
-from ddnb.viz.buffers import plot_buffers
+from ddnb.viz.buffers import plot_collective
 from ddnb.viz.png import figure_png
-
-
-def plot_collective(name: str, before: list, after: list, axes=None):
-    """Every rank's buffer before and after collective `name` (lists as
-    `run_collective` returns them, one per rank, None = nothing of interest). Returns the
-    Figure."""
-    n = len(before)
-    axes = plot_buffers(before, after, title=f"{name} on {n} ranks", axes=axes)
-    return axes[0].figure
 
 
 def collective_buffers(cluster, name: str, world_size: int, per_rank: int = 1) -> tuple[list, list]:

@@ -10,21 +10,20 @@ Each choice runs `ddnb.pipeline_parallel.naive_training.train_split` on the firs
 of the cluster (a group of their own), a few steps with the last ones traced, and reads the
 median step (`step_summary`). The status line says whether the first step's gradients equal
 the unsplit model's in this process (`train_single`): whatever the cut, they must. The
-picture is `plot_partition`, which takes the plain result dict. Whatever the partition, the
+picture is `ddnb.viz.partition.plot_partition`, which takes the plain result dict. Whatever the partition, the
 mean idle fraction stays near (p - 1)/p: a cut moves work between ranks, never overlaps it
 (Huang et al. 2019, GPipe, Sec. 2.2). Taught in `notebooks/08_model_parallelism.ipynb`.
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 from IPython.display import display
 
 from ddnb._checks import Checks
 from ddnb.pipeline_parallel.naive import check_bounds
 from ddnb.pipeline_parallel.naive_training import (all_partitions, grads_match, median_step, step_summary,
                                                    train_single, train_split)
-from ddnb.viz.memory import plot_memory
+from ddnb.viz.partition import plot_partition
 from ddnb.viz.png import figure_png
 
 
@@ -43,29 +42,6 @@ def measure_partition(cluster, cfg, bounds, steps: int = 6, trace_last: int = 3,
                                     bounds=bounds) if r is not None]
     summary = step_summary(median_step(split), len(bounds))
     return dict(summary, bounds=[tuple(b) for b in bounds], memory=[r["memory"] for r in split], split=split)
-
-
-def plot_partition(result: dict, reference_memory: dict | None = None, cores: int | None = None):
-    """Two panels from a `measure_partition` dict: compute per rank (ms) with each rank's
-    idle fraction written on its bar, and memory per rank (`plot_memory`, beside one
-    process's when `reference_memory` is given). Returns the Figure."""
-    p = len(result["compute"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
-    ms = [c * 1e3 for c in result["compute"]]
-    ax1.bar(range(p), ms, width=0.6, color="#4c72b0")
-    for r, (m, idle) in enumerate(zip(ms, result["idle"])):
-        ax1.text(r, m, f"idle {idle:.0%}", ha="center", va="bottom", fontsize=8)
-    ax1.set_xticks(range(p))
-    ax1.set_xticklabels([f"rank {r}\n{tuple(b)}" for r, b in enumerate(result["bounds"])], fontsize=8)
-    ax1.set_ylabel("compute per step (ms)")
-    ax1.set_ylim(0, 1.2 * max(ms, default=1) or 1)
-    where = f", real processes on {cores} cores" if cores else ""
-    ax1.set_title(f"step {result['step'] * 1e3:.1f} ms{where}", fontsize=9)
-    bars = ([reference_memory] if reference_memory else []) + list(result["memory"])
-    labels = (["1 process"] if reference_memory else []) + [f"rank {r}" for r in range(p)]
-    plot_memory(bars, ax=ax2, unit="KB", labels=labels, title="memory per rank")
-    fig.tight_layout()
-    return fig
 
 
 class PartitionExplorer:
