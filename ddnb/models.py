@@ -55,12 +55,15 @@ def flat_grads(model: nn.Module) -> torch.Tensor:
 
 
 def load_flat(model: nn.Module, flat: torch.Tensor) -> nn.Module:
-    """Copy the flat vector (numel,) into the model's parameters, in place; returns the model."""
+    """Copy the flat vector (numel,) into the model's parameters, in place; returns the model.
+    The parameters stay on their device and dtype (`flat` is moved there first: torch's
+    vector_to_parameters would otherwise move them to `flat`'s)."""
     numel = sum(p.numel() for p in model.parameters())
     if flat.numel() != numel:
         raise ValueError(f"flat vector has {flat.numel()} elements, the model has {numel} parameters")
+    first = next(model.parameters())
     with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(flat.reshape(-1).to(next(model.parameters()).dtype), model.parameters())
+        torch.nn.utils.vector_to_parameters(flat.reshape(-1).to(first.device, first.dtype), model.parameters())
     return model
 
 

@@ -10,8 +10,17 @@
   CUDA; backend="auto" with one rank per GPU ("cpu:gloo,cuda:nccl": CPU and CUDA tensors
   both reduce); the parameter server on pure nccl (named receives, messages on the GPU).
 
-`scripts/gpu_check.sh` runs them (and prints what the machine has) in a few minutes.
+`scripts/gpu_check.sh` runs them (and prints what the machine has) in a few minutes;
+tests/test_gpu_modules.py covers the other parallelisms the same way.
+
+Where the tensors go comes from one place, `rank_device()`: this rank's GPU, or, with
+DDNB_GPU_TESTS_DEVICE=cpu, the CPU, so that a machine without a GPU can check the tests'
+own logic (`DDNB_GPU_TESTS_DEVICE=cpu pytest tests/test_gpu.py tests/test_gpu_modules.py
+-m gpu`; the nccl tests stay skipped). A test that needs nccl with one GPU per rank is
+marked `needs_two`, skipped with a reason that says "needs 2 GPUs".
 """
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,16 +32,29 @@ from ddnb.testing import World
 from test_collectives import TORCH_OP, compare, error_bound, make_input
 from test_data_parallel import LR, MOMENTUM, global_batches, make_model, reference_params, shard
 
+DEVICE = os.environ.get("DDNB_GPU_TESTS_DEVICE", "cuda")
+if DEVICE not in ("cuda", "cpu"):
+    raise ValueError(f"DDNB_GPU_TESTS_DEVICE={DEVICE!r}: need 'cuda' (the default) or 'cpu'")
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs a CUDA device (none here)")]
-needs_two = pytest.mark.skipif(GPUS < 2, reason=f"nccl needs one GPU per rank: {GPUS} here, 2 needed")
+no_gpu = pytest.mark.skipif(DEVICE == "cuda" and GPUS == 0, reason=(
+    "needs a CUDA device (none here; DDNB_GPU_TESTS_DEVICE=cpu runs these tests on the CPU)"))
+pytestmark = [pytest.mark.gpu, no_gpu]
+needs_two = pytest.mark.skipif(DEVICE != "cuda" or GPUS < 2, reason=(
+    f"needs 2 GPUs (nccl: one GPU per rank), {GPUS} here" if DEVICE == "cuda" else
+    f"needs 2 GPUs (nccl: one GPU per rank); DDNB_GPU_TESTS_DEVICE={DEVICE}"))
+
+
+def rank_device() -> torch.device:
+    """On a rank: where its tensors go in these tests: its GPU (rank r % GPUs, as
+    `ddnb.testing.World` sets it, whatever the backend), or DDNB_GPU_TESTS_DEVICE's CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device(DEVICE)
 
 
 def cuda_sweep():
     """On every rank: each algorithm x dtype x op x size on a CUDA tensor, compared with
     dist.all_reduce (on the CPU under gloo, on the GPU under nccl). Returns mismatches."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = rank_device()
     nccl, bad, seed = dist.get_backend() == "nccl", [], 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
         for op in OPS:
@@ -73,7 +95,7 @@ def train_on_cuda(strategy, allreduce):
     from ddnb.data_parallel import BucketedDataParallel, NaiveDataParallel
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = rank_device()
     model = make_model(seed=rank).to(device)
     sync = lambda: None   # noqa: E731
     if strategy == "naive":
@@ -82,7 +104,8 @@ def train_on_cuda(strategy, allreduce):
     elif strategy == "bucketed":
         model = BucketedDataParallel(model, bucket_mb=0.001, first_bucket_mb=None, allreduce=allreduce)
     else:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for x, y in global_batches(n):
         opt.zero_grad()
@@ -128,7 +151,7 @@ def unused_on_cuda(allreduce):
         def forward(self, x):
             return self.used(x)
 
-    rank, n, device = dist.get_rank(), dist.get_world_size(), torch.device("cuda", torch.cuda.current_device())
+    rank, n, device = dist.get_rank(), dist.get_world_size(), rank_device()
     torch.manual_seed(0)
     net = TwoBranches().to(device)
     model = BucketedDataParallel(net, bucket_mb=0.0001, first_bucket_mb=None, allreduce=allreduce,

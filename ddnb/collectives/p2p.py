@@ -14,6 +14,11 @@ global ranks torch.distributed expects by `global_rank`, the one place that does
     exchange               a send and a receive posted together and both waited for: the
                            deadlock-free step of the ring and butterfly algorithms
 
+A CUDA tensor on a gloo group travels through a host copy (gloo's point-to-point messages
+read host memory only: `ddnb.collectives.devices.wire_device`): a send copies it to the
+host first, a receive lands in a host buffer that completing it copies back, so every
+caller may pass tensors on their own device.
+
 In an emulated cluster every message goes through the transport the emulator plugged in
 when the worker started (`set_transport`: `ddnb.emulate.messages.post`, the same bytes
 plus a header with its send time), and the events record emulated seconds; this module
@@ -28,6 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ddnb.collectives.devices import wire_device
 from ddnb.trace import Tracer, get_tracer
 
 
@@ -55,6 +61,16 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _wire(kind: str, tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """What torch.distributed moves for a message of `tensor`: the tensor itself, or, where
+    it must travel elsewhere (a CUDA tensor on a gloo group, `wire_device`), a host copy to
+    send or an empty host buffer to receive into (copied back once the message is complete)."""
+    device = wire_device(tensor, group)                 # a host tensor's own device, without asking the group
+    if device == tensor.device:
+        return tensor
+    return tensor.to(device) if kind == "send" else torch.empty_like(tensor, device=device)
+
+
 _TRANSPORT = None   # post(ops, group) -> works of the messages' layer, when not torch.distributed's own
 
 
@@ -72,7 +88,7 @@ def send(tensor: torch.Tensor, dst: int, group=None, tracer: Tracer | None = Non
     if _TRANSPORT is not None:
         return isend(tensor, dst, group, tracer, name).wait()
     start = time.time()
-    dist.send(tensor, global_rank(group, dst), group=group)
+    dist.send(_wire("send", tensor, group), global_rank(group, dst), group=group)
     get_tracer(tracer).record("send", name, start, time.time(), peer=dst, nbytes=nbytes(tensor))
 
 
@@ -80,18 +96,23 @@ def recv(tensor: torch.Tensor, src: int, group=None, tracer: Tracer | None = Non
     if _TRANSPORT is not None:
         return irecv(tensor, src, group, tracer, name).wait()
     start = time.time()
-    dist.recv(tensor, global_rank(group, src), group=group)
+    wire = _wire("recv", tensor, group)
+    dist.recv(wire, global_rank(group, src), group=group)
+    if wire is not tensor:
+        tensor.copy_(wire)
     get_tracer(tracer).record("recv", name, start, time.time(), peer=src, nbytes=nbytes(tensor))
 
 
 class Pending:
     """A posted send or receive of `tensor` (kept alive until it completes); `wait()`
     completes it and records its event, from posting to completion, unless `record()`
-    already has. `extra`: more fields for the event (e.g. microbatch=3)."""
+    already has. `extra`: more fields for the event (e.g. microbatch=3). `wire`: the host
+    buffer a receive landed in when `tensor` could not travel itself (`_wire`), copied
+    into `tensor` by `wait()`; for a send, its host copy (kept alive)."""
 
-    def __init__(self, work, kind, name, peer, size, tracer, start=None, tensor=None, extra=None):
+    def __init__(self, work, kind, name, peer, size, tracer, start=None, tensor=None, extra=None, wire=None):
         self.work, self.kind, self.name, self.peer, self.size = work, kind, name, peer, size
-        self.tracer, self.tensor, self.extra = tracer, tensor, extra or {}
+        self.tracer, self.tensor, self.extra, self.wire = tracer, tensor, extra or {}, wire
         self.start = time.time() if start is None else start
         self.start = getattr(work, "start", self.start)     # emulated: the emulated time it left
         self.done = self.recorded = False
@@ -104,6 +125,8 @@ class Pending:
                 self.work.wait()
             else:
                 self.work.wait(timeout=timedelta(seconds=timeout))
+            if self.kind == "recv" and self.wire is not None and self.wire is not self.tensor:
+                self.tensor.copy_(self.wire)
             self.done = True
             self.record()
 
@@ -120,15 +143,17 @@ class Pending:
 def isend(tensor, dst, group=None, tracer=None, name="send") -> Pending:
     if _TRANSPORT is not None:
         return post([Op("send", tensor, dst, name=name)], group, tracer)[0]
-    return Pending(dist.isend(tensor, global_rank(group, dst), group=group), "send", name, dst, nbytes(tensor),
-                   tracer, tensor=tensor)
+    wire = _wire("send", tensor, group)
+    return Pending(dist.isend(wire, global_rank(group, dst), group=group), "send", name, dst, nbytes(tensor),
+                   tracer, tensor=tensor, wire=wire)
 
 
 def irecv(tensor, src, group=None, tracer=None, name="recv") -> Pending:
     if _TRANSPORT is not None:
         return post([Op("recv", tensor, src, name=name)], group, tracer)[0]
-    return Pending(dist.irecv(tensor, global_rank(group, src), group=group), "recv", name, src, nbytes(tensor),
-                   tracer, tensor=tensor)
+    wire = _wire("recv", tensor, group)
+    return Pending(dist.irecv(wire, global_rank(group, src), group=group), "recv", name, src, nbytes(tensor),
+                   tracer, tensor=tensor, wire=wire)
 
 
 class Op(NamedTuple):
@@ -150,17 +175,18 @@ def post(ops: list[Op], group=None, tracer: Tracer | None = None) -> list[Pendin
     waited for here."""
     if not ops:
         return []
+    wires = [_wire(op.kind, op.tensor, group) for op in ops]
     if _TRANSPORT is not None:
-        works = _TRANSPORT([(op.kind, op.tensor, global_rank(group, op.peer), op.tag) for op in ops], group)
+        works = _TRANSPORT([(op.kind, w, global_rank(group, op.peer), op.tag) for op, w in zip(ops, wires)], group)
         return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, tensor=op.tensor,
-                        extra=op.extra) for work, op in zip(works, ops)]
-    p2p_ops = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, global_rank(group, op.peer),
-                          group=group, tag=op.tag) for op in ops]
+                        extra=op.extra, wire=w) for work, op, w in zip(works, ops, wires)]
+    p2p_ops = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, w, global_rank(group, op.peer),
+                          group=group, tag=op.tag) for op, w in zip(ops, wires)]
     start = time.time()
     works = dist.batch_isend_irecv(p2p_ops)
     works = works if len(works) == len(ops) else [works[0]] * len(ops)   # one coalesced work (NCCL)
     return [Pending(work, op.kind, op.name or op.kind, op.peer, nbytes(op.tensor), tracer, start=start,
-                    tensor=op.tensor, extra=op.extra) for work, op in zip(works, ops)]
+                    tensor=op.tensor, extra=op.extra, wire=w) for work, op, w in zip(works, ops, wires)]
 
 
 def exchange(send_tensor: torch.Tensor | None, dst: int | None, recv_tensor: torch.Tensor | None,

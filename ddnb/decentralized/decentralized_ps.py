@@ -41,8 +41,8 @@ import torch.distributed as dist
 from ddnb.collectives import chunk_bounds, p2p
 from ddnb.decentralized.config import DecentralizedConfig
 from ddnb.decentralized.worker import Worker
-from ddnb.parameter_server.messages import (DONE, HEADER_BYTES, PARAMS, PULL, PUSH, decode, empty_header, recv_any,
-                                            send_message)
+from ddnb.parameter_server.messages import (DONE, HEADER_BYTES, PARAMS, PULL, PUSH, decode, empty_header,
+                                            message_device, recv_any, send_message)
 
 
 class ShardOwner(threading.Thread):
@@ -57,7 +57,7 @@ class ShardOwner(threading.Thread):
 
     def apply(self, grad: torch.Tensor) -> None:
         with self.lock:
-            self.shard -= self.lr * grad
+            self.shard -= self.lr * grad.to(self.shard.device)
             self.updates += 1
 
     def read(self) -> torch.Tensor:
@@ -74,7 +74,7 @@ class ShardOwner(threading.Thread):
                 if kind == "pull":
                     send_message(PARAMS, src, self.replies, self.tracer, payload=self.read())
                 elif kind == "push":
-                    grad = torch.empty_like(self.shard)                               # (S_r,)
+                    grad = torch.empty_like(self.shard, device=message_device(self.requests))   # (S_r,) as sent
                     p2p.recv(grad, src, self.requests, self.tracer, name="push")
                     self.apply(grad)
                 else:
@@ -107,7 +107,9 @@ def train_decentralized_ps(config: DecentralizedConfig, model_fn, dataset, test=
         for j in others:
             h = empty_header()
             p2p.recv(h, j, replies, w.tracer, name="params")
-            p2p.recv(x[bounds[j][0]:bounds[j][1]], j, replies, w.tracer, name="params")
+            shard = torch.empty(bounds[j][1] - bounds[j][0], dtype=x.dtype, device=message_device(replies))
+            p2p.recv(shard, j, replies, w.tracer, name="params")    # (S_j,) where send_message sent it
+            x[bounds[j][0]:bounds[j][1]] = shard
         x[a:b] = owner.read()
         _, g = w.gradient(x, step)                                               # (S,)
         for j in others:
@@ -126,15 +128,15 @@ def train_decentralized_ps(config: DecentralizedConfig, model_fn, dataset, test=
 
 
 def _gather(shard: torch.Tensor, bounds, group) -> list[torch.Tensor]:
-    parts = [torch.empty(hi - lo) for lo, hi in bounds]
+    parts = [hi - lo for lo, hi in bounds]
     if len(parts) == 1:
         return [shard]
-    padded = max(p.numel() for p in parts)
-    buf = [torch.empty(padded) for _ in parts]
-    mine = torch.zeros(padded)
+    padded = max(parts)
+    buf = [shard.new_empty(padded) for _ in parts]
+    mine = shard.new_zeros(padded)
     mine[:shard.numel()] = shard
     dist.all_gather(buf, mine, group=group)
-    return [t[:p.numel()] for t, p in zip(buf, parts)]
+    return [t[:p] for t, p in zip(buf, parts)]
 
 
 def decentralized_ps_bytes(n: int, numel: int, steps: int, element_size: int = 4) -> list[dict]:

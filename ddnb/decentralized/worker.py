@@ -12,7 +12,10 @@ Returns {"method", "rank", "world_size", "topology", "spectral_gap", "losses" (p
 this rank's batch loss), "times" (s since the start barrier), "measured" [{"step",
 "consensus", "accuracy"}], "params" (this rank's x), "mean_params" (x_bar), "bytes_sent",
 "bytes_received" (payload bytes this rank's traced messages carried during the run),
-"steps", "wall_time", "config"}. Taught in `notebooks/05b_decentralized.ipynb`.
+"steps", "wall_time", "config"}. The worker computes where `model_fn()` put the model
+(its batches and the test set are moved there; x lives there too): a CUDA model trains on
+its GPU, its messages travelling as `ddnb.collectives.p2p` carries them.
+Taught in `notebooks/05b_decentralized.ipynb`.
 """
 from __future__ import annotations
 
@@ -41,9 +44,10 @@ class Worker:
         dataset = dataset if isinstance(dataset, Dataset) else Dataset(*dataset)
         config.validate(self.n, len(dataset))          # before any message: every rank raises alike
         self.config, self.dataset, self.group = config, dataset, group
-        self.test = test if test is None or isinstance(test, Dataset) else Dataset(*test)
         self.topo = topology(config.topology, self.n)
         self.model = model_fn()
+        self.device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
+        self.test = None if test is None else Dataset(*(t.to(self.device) for t in test))
         self.loss_fn = loss_fn or F.cross_entropy
         self.tracer = get_tracer(tracer)
         self.stats = {"method": method, "rank": self.rank, "world_size": self.n, "topology": self.topo.name,
@@ -58,7 +62,8 @@ class Worker:
 
     def gradient(self, x: torch.Tensor, step: int):
         """(loss, gradient (S,)) at x on this rank's batch of `step`; the straggler sleeps after it."""
-        xb, yb = worker_batch(self.dataset, self.rank, self.n, self.config.batch_size, step, self.config.seed)
+        xb, yb = (t.to(self.device) for t in worker_batch(self.dataset, self.rank, self.n, self.config.batch_size,
+                                                          step, self.config.seed))
         loss, grad = forward_backward(self.model, x, xb, yb, self.loss_fn, self.tracer)   # (), (S,)
         straggle(self.config, self.rank, self.tracer)
         self.stats["losses"].append(loss.item())

@@ -27,10 +27,12 @@ def moe_load(num_experts: int = 8, top_k: int = 1, capacity_factor: float | None
              tokens: int = 64, d_model: int = 8, seed: int = 0) -> dict:
     """On every rank of the default group: route `tokens` tokens of its own through an
     `ExpertParallelMoE` (E/N experts per rank) and return {"rank", "received" (tokens per
-    local expert), "dropped", "assigned" (top_k · tokens), "capacity", "sent_bytes"}."""
+    local expert), "dropped", "assigned" (top_k · tokens), "capacity", "sent_bytes"}. The
+    layer and tokens live on `rank_device()` (the rank's GPU when its group has nccl)."""
     import torch
     import torch.distributed as dist
 
+    from ddnb.collectives.devices import rank_device
     from ddnb.expert_parallel import ExpertParallelMoE, MoE, capacity_of
     from ddnb.trace import Tracer
 
@@ -40,9 +42,10 @@ def moe_load(num_experts: int = 8, top_k: int = 1, capacity_factor: float | None
     with torch.no_grad():   # the router has no bias: feature 0 carries the skew, weighted 0..1 across experts
         ref.router.weight[:, 0] += torch.linspace(0, 1, num_experts)
     tracer = Tracer()
-    model = ExpertParallelMoE.from_module(ref, None, tracer)
+    model = ExpertParallelMoE.from_module(ref.to(rank_device()), None, tracer)
     x = torch.randn(tokens, d_model, generator=torch.Generator().manual_seed(seed + 1 + rank))   # (T, d)
     x[:, 0] += skew                                     # logits gain skew * (0 .. 1) across the experts
+    x = x.to(rank_device())
     with torch.no_grad():
         model(x)
     sent = sum(e["nbytes"] for e in tracer.take() if e["kind"] == "send")

@@ -27,8 +27,9 @@ def assign_ranks(engine_ids: list[int], infos: list[dict]) -> list[dict]:
     return workers
 
 
-EMULATED_ON_GLOO = ("an emulated cluster runs on gloo over the host (its devices and links are modeled, "
-                    "its tensors live on the CPU): using gloo")
+EMULATED_ON_GLOO = ("an emulated cluster runs on gloo over the host (its devices and links are modeled and "
+                    "rank_device() is the CPU; CUDA tensors a rank makes itself still work, their messages "
+                    "travelling through host memory): using gloo")
 
 
 def choose_backend(backend: str, hosts: list[str], gpus: list[int], emulated: bool = False) -> tuple[str, str | None]:
