@@ -1,10 +1,10 @@
 """ddnb.cost.pipeline: each formula against numbers worked out by hand, against the
-schedules themselves (simulated bubble, micro-batches in flight; GPipe, 1F1B and
-interleaved 1F1B), and its validation."""
+schedules themselves (simulated bubble, micro-batches in flight; GPipe, 1F1B,
+interleaved 1F1B and ZB-H1), and its validation."""
 import pytest
 
 from ddnb.cost import (interleaved_bubble_fraction, model_parallel_idle_fraction, peak_microbatches_in_flight,
-                       pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_step_time)
+                       pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_step_time, zbh1_bubble_fraction)
 from ddnb.pipeline_parallel import bubble_fraction, get_schedule, in_flight, simulate
 
 
@@ -55,6 +55,16 @@ def test_interleaved_formulas_agree_with_the_simulated_schedule(p, m, v):
         [peak_microbatches_in_flight("interleaved", p, m, r, chunks=v) for r in range(p)]
 
 
+@pytest.mark.parametrize("p, m", [(2, 2), (4, 4), (4, 8), (4, 16), (8, 12)])
+def test_zbh1_formula_agrees_with_the_simulated_schedule_for_m_at_least_p(p, m):
+    """(p-1)/(3m+p-1) with T_F = T_B = T_W (Qi et al. 2024, Table 2): by hand 1/9 for
+    p = 4, m = 8; the simulated ZB-H1 gives it exactly once m >= p."""
+    assert zbh1_bubble_fraction(4, 8) == pytest.approx(1 / 9)
+    assert zbh1_bubble_fraction(p, m) == pytest.approx(bubble_fraction(simulate(get_schedule("zbh1", p, m))))
+    # T_W = 0 (nothing to move): 1F1B's bubble with a backward of T_B
+    assert zbh1_bubble_fraction(p, m, 1.0, 2.0, 0.0) == pytest.approx(pipeline_bubble_fraction(p, m))
+
+
 def test_activation_bytes_gpipe_grows_with_m_1f1b_with_p():
     assert pipeline_activation_bytes("gpipe", 4, 16, 1000) == 16000
     assert pipeline_activation_bytes("1f1b", 4, 16, 1000) == 4000           # stage 0: p micro-batches
@@ -73,6 +83,7 @@ def test_activation_bytes_gpipe_grows_with_m_1f1b_with_p():
     (lambda: peak_microbatches_in_flight("1f1b", 2, 2, rank=2), ["rank=2", "stages(2)"]),
     (lambda: pipeline_activation_bytes("gpipe", 2, 2, 0), ["bytes_per_microbatch=0"]),
     (lambda: interleaved_bubble_fraction(2, 4, 0), ["chunks=0"]),
+    (lambda: zbh1_bubble_fraction(0, 2, t_weight=-1), ["stages=0", "t_weight=-1"]),
     (lambda: pipeline_activation_bytes("zb", 0, 2, -1, rank=-1), ["'zb'", "stages=0", "bytes_per_microbatch=-1",
                                                                    "rank=-1"]),
     (lambda: get_schedule("interleaved", 4, 6, 2), ["microbatches(6) % stages(4) = 2"]),

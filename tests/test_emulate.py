@@ -285,12 +285,62 @@ def test_an_emulated_pipeline_shows_the_bubble_of_the_formula():
     assert rows[1]["bubble"] < rows[0]["bubble"] - 0.2     # 0.5 -> 0.2 on paper
 
 
+def test_the_pipeline_bench_measures_every_schedule_with_its_model_and_memory():
+    """Every schedule, zero-bubble ones too, on 2 emulated stages (m = 4): the measured
+    bubble beside the formula (GPipe, 1F1B, interleaved, ZB-H1) or the checker's unit-cost
+    bubble (ZB-V, DualPipeV) within 0.1 (measured 0.04 to 0.08 above it: with p = 2 the
+    first stage's empty B and whole-backward W, and the last stage's loss, which the models
+    leave out, weigh a lot), the most micro-batches a rank held (measured, as the checker
+    says), the step's span in emulated seconds; ZB-H1 idles less than 1F1B."""
+    from ddnb.bench.pipeline import SCHEDULES, pipeline_benchmark, pipeline_table
+    from ddnb.pipeline_parallel import get_schedule, validate_schedule
+
+    device = custom(alpha=1e-7, bandwidth=1e12, peak_flops=1e9, efficiency=1.0, memory_bandwidth=1e12,
+                    slowdown=300)
+    rows, emulation = pipeline_benchmark(2, [4], SCHEDULES, emulate=device, width=64, microbatch_size=4,
+                                         timeout=120, steps=1)
+    assert "no overruns" in emulation
+    by = {r["schedule"]: r for r in rows}
+    assert list(by) == list(SCHEDULES)
+    for name, r in by.items():
+        assert {"schedule", "stages", "microbatches", "bubble", "analytic", "peak_activations",
+                "step_time"} <= set(r) and r["emulated"] == "custom"
+        assert r["analytic_from"] == ("checker" if name in ("zbv", "dualpipev") else "formula")
+        report = validate_schedule(get_schedule(name, 2, 4), 4)
+        assert r["in_flight"] == report.peak_in_flight and r["peak_activations"] == max(report.peak_in_flight)
+        assert 0 < r["step_time"] < 1 and 0 < r["bubble"] < 1
+        assert abs(r["bubble"] - r["analytic"]) < 0.1, (name, r, emulation)
+    assert by["zbh1"]["analytic"] == pytest.approx(1 / 13)          # (p-1)/(3m+p-1)
+    assert by["zbh1"]["bubble"] < by["1f1b"]["bubble"] - 0.05
+    assert "zbh1" in pipeline_table(rows)
+
+
+def test_pipeline_bench_cli_takes_every_schedule_and_skips_what_one_cannot_run(capsys):
+    import json
+
+    from ddnb.bench.__main__ import main
+
+    assert main(["pipeline", "--schedule", "gpipe,1f1b,interleaved,zbh1,zbv,dualpipev", "--stages", "2",
+                 "--microbatches", "3,4", "--width", "64", "--microbatch-size", "2", "--emulate", "ib",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert [(r["schedule"], r["microbatches"]) for r in rows] == [
+        ("gpipe", 3), ("gpipe", 4), ("1f1b", 3), ("1f1b", 4), ("interleaved", 4), ("zbh1", 3), ("zbh1", 4),
+        ("zbv", 3), ("zbv", 4), ("dualpipev", 4)]
+    assert "interleaved: m = 3 skipped (needs m a multiple of stages(2))" in out.err
+    assert "dualpipev: m = 3 skipped (needs m >= 2 x stages(2))" in out.err and "no overruns" in out.err
+    assert all(r["emulated"] == "ib" and "events" not in r for r in rows)
+
+
 def test_pipeline_bench_argument_errors_before_any_process(capsys):
     from ddnb.bench.__main__ import main
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     for argv, message in ((["pipeline", "--stages", "1"], "--stages"), (["pipeline", "--schedules", "zigzag"], "zigzag"),
                           (["pipeline", "--microbatches", "0"], "--microbatches"),
+                          (["pipeline", "--schedule", "dualpipev", "--microbatches", "4,6"],
+                           "dualpipev can run none of --microbatches 4,6: needs m >= 2 x stages(4)"),
                           (["pipeline", "--slowdown", "10"], "--slowdown needs --emulate")):
         with pytest.raises(SystemExit):
             main(argv)

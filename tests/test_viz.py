@@ -176,3 +176,49 @@ def test_profile_picker_named_custom_and_callbacks():
     assert "custom" in picker.status.value
     with pytest.raises(ValueError, match="not a profile"):
         ProfilePicker("infiniband")
+
+
+def test_pipeline_drawings_show_w_in_its_own_colour_with_a_legend():
+    from matplotlib.colors import to_hex
+
+    from ddnb.pipeline_parallel import one_f_one_b_schedule, simulate, zbh1_schedule, zbv_schedule
+    from ddnb.viz import plot_pipeline, plot_schedule, plot_schedules
+    from ddnb.viz.pipeline import COLORS
+
+    ax = plot_schedule(zbh1_schedule(4, 8))                          # (p-1)/(3m+p-1) = 1/9 on paper
+    assert "bubble 0.111" in ax.get_title() and len(ax.patches) == 3 * 4 * 8
+    assert {to_hex(b.get_facecolor()) for b in ax.patches} == {COLORS["F"], COLORS["B"], COLORS["W"]}
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "forward", "backward (input gradient)", "weight gradient"]
+    ax = plot_pipeline(simulate(one_f_one_b_schedule(4, 8)), unit=None)   # no W: as before
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward"]
+    ax = plot_schedule(zbv_schedule(2, 4))                           # the V: two chunks, W in both
+    assert len(ax.get_legend().get_texts()) == 6 and len(ax.patches) == 3 * 2 * 4 * 2
+    fig = plot_schedules({"1F1B": one_f_one_b_schedule(4, 8), "ZB-H1": zbh1_schedule(4, 8)})
+    assert [ax.get_title() for ax in fig.axes] == ["1F1B: bubble 0.273", "ZB-H1: bubble 0.111"]
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()             # one time axis: 33 units against 27
+
+
+def test_the_schedule_editor_checks_and_redraws_each_edit():
+    from ddnb.pipeline_parallel import zbh1_schedule, zbv_schedule
+    from ddnb.viz import ScheduleEditor
+    from ddnb.viz.schedule_editor import schedule_text
+
+    ed = ScheduleEditor(zbh1_schedule(4, 8))
+    assert ed.m.value == 8 and ed.placement.value == "looped"
+    assert ed.status.value.startswith("✓ valid for m=8 on 4 ranks") and "bubble 0.111" in ed.status.value
+    assert "[4, 4, 4, 4]" in ed.status.value and ed.image.value[:4] == b"\x89PNG"
+    lines = ed.text.value.splitlines()
+    lines[2] = lines[2].replace(" W3", "").replace("B3", "W3 B3")
+    ed.text.value = "\n".join(lines)                                  # W3 before B3 on rank 2
+    assert ed.status.value == "✗ invalid pipeline schedule: rank 2: W3 before B3"
+    assert ed.report is None and ed.image.value == b""
+    ed.text.value = "F0 B0\nB0 F0"
+    assert "rank 1: B0 before F0" in ed.status.value
+    ed.text.value = "F0 X0\nF0 B0"
+    assert "rank 0: 'X0' is not an action" in ed.status.value
+    v = ScheduleEditor(zbv_schedule(2, 4))                           # the V read back with its placement
+    assert v.placement.value == "v" and v.status.value.startswith("✓") and v.text.value == schedule_text(
+        zbv_schedule(2, 4))
+    v.placement.value = "looped"
+    assert v.status.value.startswith("✗")

@@ -72,6 +72,18 @@ def test_split_backward_has_one_backwards_grads_and_flops(layers, with_loss):
             assert w >= 0.9 * full                # W rebuilds dy from the output: nearly a second backward
 
 
+def test_backward_flops_on_a_linear_stack_f_b_w_alike():
+    from torch import nn
+
+    from ddnb.pipeline_parallel.split_backward import backward_flops
+
+    stage = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
+    f = backward_flops(stage, torch.randn(4, 32))
+    assert f["F"] == f["B"] == f["W"] == 2 * 2 * 4 * 32 * 32 and f["B"] + f["W"] == f["full"]
+    assert f["naive B"] == f["B"] and f["naive W"] == 3 * f["W"] // 2       # dy rebuilt through layer 2
+    assert all(q.grad is None for q in stage.parameters())
+
+
 # ---------------------------------------------------------------- every schedule on a real pipeline
 def _group(p):
     """A group of the last p ranks of the world (WORLD for p = world size); None off it."""

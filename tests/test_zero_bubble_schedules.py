@@ -3,7 +3,8 @@ checker: every built-in schedule passes it and gets its report; broken ones (a d
 a W before its B, a missing micro-batch, a V order on the looped placement) are refused
 naming the rank and the first offending action; ZB-H1 has a third of 1F1B's bubble at
 1F1B's memory (Qi et al. 2024, Sec. 2), ZB-V (nearly) none at the same memory (Sec. 6);
-ZB-V's and DualPipeV's orders are torch.distributed.pipelining's, action for action.
+ZB-V's and DualPipeV's orders are torch.distributed.pipelining's, action for action; a
+schedule written as text (one line per rank) reads back as the same Schedule.
 Pure Python, no process starts."""
 from types import SimpleNamespace
 
@@ -236,3 +237,16 @@ def test_the_torch_comparison_can_fail():
     ours = dualpipev_schedule(2, 4)
     ours[0][0], ours[0][1] = ours[0][1], ours[0][0]
     assert ours != theirs
+
+
+def test_a_schedule_written_as_text_reads_back():
+    from ddnb.pipeline_parallel import parse_schedule
+
+    for make, placement in ((zbh1_schedule, "looped"), (zbv_schedule, "v"), (dualpipev_schedule, "v")):
+        schedule = make(3, 6)
+        text = "# one line per rank\n" + "\n".join(", ".join(map(repr, acts)) for acts in schedule) + "\n\n"
+        back = parse_schedule(text, placement)
+        assert back == schedule and back.placement == schedule.placement
+    assert parse_schedule("f0 b0 w0") == [[F(0), B(0), W(0)]]
+    with pytest.raises(ValueError, match=r"rank 1: 'F1\.x' is not an action: write F3, B3 or W3"):
+        parse_schedule("F0 B0\nF0 F1.x")

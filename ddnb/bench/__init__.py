@@ -7,6 +7,10 @@
   Bruck against torch's (`notebooks/03_collectives.ipynb`);
 - `ddnb.bench.dp`: a data-parallel training step per strategy (naive, bucketed, DDP,
   Horovod) (`notebooks/06_data_parallelism.ipynb`);
+- `ddnb.bench.pipeline`: the bubble of every pipeline schedule (GPipe, 1F1B, interleaved,
+  ZB-H1, ZB-V, DualPipeV, or one of your own) measured beside its formula, with the peak of
+  micro-batches in flight and the step time (`notebooks/09_pipeline_parallelism.ipynb`,
+  `notebooks/09b_zero_bubble.ipynb`);
 - `ddnb.bench.compress`: bytes per step, step time and final accuracy per gradient
   compression method (`notebooks/14_precision_compression.ipynb`);
 - `ddnb.bench.emulated_ring`: the ring all-reduce's time, and its latency and bandwidth

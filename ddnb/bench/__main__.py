@@ -6,9 +6,11 @@ benchmark turns a command line into a call of its module and prints a table (or 
     python -m ddnb.bench dp --workers 2 --models many_small              # ddnb.bench.dp
     python -m ddnb.bench compress --workers 4 --json                     # ddnb.bench.compress
     python -m ddnb.bench ps --emulate 10gbe --workers 1,2,4,8            # ddnb.bench.ps
+    python -m ddnb.bench pipeline --schedules 1f1b,zbh1,zbv --emulate ib # ddnb.bench.pipeline
 
 Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb` (`ps` in
-`notebooks/04_parameter_server.ipynb`).
+`notebooks/04_parameter_server.ipynb`, `pipeline` in `notebooks/09_pipeline_parallelism.ipynb`
+and `notebooks/09b_zero_bubble.ipynb`).
 """
 from __future__ import annotations
 
@@ -237,8 +239,10 @@ def _add_pipeline_parser(sub) -> None:
                        description=pipeline.__doc__.split("\n\n")[1])
     p.add_argument("--stages", type=_at_least(2, why=" stages (a pipeline of one stage has no bubble)"), default=4,
                    help="pipeline stages = processes (default 4)")
-    p.add_argument("--microbatches", type=_ints, default=[1, 2, 4, 8], help="comma list (default 1,2,4,8)")
-    p.add_argument("--schedules", default="gpipe,1f1b", type=_schedules,
+    p.add_argument("--microbatches", type=_ints, default=[1, 2, 4, 8],
+                   help="comma list (default 1,2,4,8); a count a schedule cannot take (interleaved: a multiple of "
+                        "--stages; dualpipev: at least 2 x --stages) is skipped for it, saying so")
+    p.add_argument("--schedules", "--schedule", default="gpipe,1f1b", type=_schedules,
                    help=f"comma list of {', '.join(pipeline.SCHEDULES)} (default gpipe,1f1b)")
     p.add_argument("--chunks", type=_at_least(2), default=2, help="model chunks per rank, interleaved (default 2)")
     p.add_argument("--width", type=_at_least(1), default=2048,
@@ -256,28 +260,41 @@ def _add_pipeline_parser(sub) -> None:
 def _schedules(text: str) -> list[str]:
     from ddnb.bench.pipeline import SCHEDULES
 
-    got = [a.strip() for a in text.split(",") if a.strip()]
+    got = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
     if not got or any(a not in SCHEDULES for a in got):
         raise argparse.ArgumentTypeError(f"unknown schedule in {text!r}; known: {', '.join(SCHEDULES)}")
     return got
 
 
 def _cmd_pipeline(parser, args) -> int:
-    from ddnb.bench.pipeline import pipeline_benchmark, pipeline_table
+    from ddnb.bench.pipeline import pipeline_benchmark, pipeline_table, runnable
 
     emulate = emulated(parser, args)
-    if "interleaved" in args.schedules and any(m % args.stages for m in args.microbatches):
-        parser.error(f"interleaved needs micro-batch counts that are multiples of --stages {args.stages}")
+    skipped = {}
+    for name in args.schedules:
+        for m in args.microbatches:
+            why = runnable(name, args.stages, m)
+            if why:
+                skipped.setdefault((name, why), []).append(m)
+    empty = [name for name in args.schedules
+             if all(runnable(name, args.stages, m) for m in args.microbatches)]
+    if empty:
+        parser.error("; ".join(f"{name} can run none of --microbatches {','.join(map(str, args.microbatches))}: "
+                               f"{runnable(name, args.stages, args.microbatches[0])}" for name in empty))
     out = sys.stderr if args.json else sys.stdout
     if emulate is not None:
-        print(f"{emulate}: the bubble below is measured in emulated time", file=out, flush=True)
-    print(f"pipeline of {args.stages} equal stages (Linear {args.width} x 2 + ReLU each) on {args.stages} gloo "
-          f"processes, micro-batches of {args.microbatch_size} rows; {_load()}", file=out, flush=True)
+        print(f"{emulate}: the bubble and step time below are measured in emulated time", file=out, flush=True)
+    print(f"pipeline of {args.stages} equal stages (2 blocks Linear {args.width} + ReLU per rank, at least one "
+          f"per model chunk) on {args.stages} gloo processes, micro-batches of {args.microbatch_size} rows, clocks "
+          f"aligned by a barrier before each step; {_load()}", file=out, flush=True)
+    for (name, why), ms in skipped.items():
+        print(f"{name}: m = {','.join(map(str, ms))} skipped ({why})", file=out, flush=True)
     rows, emulation = pipeline_benchmark(args.stages, args.microbatches, args.schedules, args.chunks, emulate,
                                          args.timeout, width=args.width, microbatch_size=args.microbatch_size)
     if emulation:
         print(emulation, file=out)
-    print(json.dumps(rows, indent=1) if args.json else pipeline_table(rows))
+    print(json.dumps([{k: v for k, v in r.items() if k != "events"} for r in rows], indent=1) if args.json
+          else pipeline_table(rows))
     return 0
 
 

@@ -20,7 +20,8 @@ from ddnb.cost.alpha_beta import ALGORITHMS, allreduce_bytes_per_rank, allreduce
 from ddnb.cost.memory_model import dataset_bytes, max_params, token_bytes, training_memory
 from ddnb.cost.model_parallel import boundary_bytes, model_parallel_bytes, sequential_idle_fractions
 from ddnb.cost.pipeline import (interleaved_bubble_fraction, model_parallel_idle_fraction, peak_microbatches_in_flight,
-                                pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_step_time)
+                                pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_step_time,
+                                zbh1_bubble_fraction)
 from ddnb.cost.scaling import (NETWORKS, STEP_ALGORITHMS, Network, communication_time, hierarchical_allreduce_time,
                                network, parameter_server_time, step_time, torus2d_allreduce_time)
 from ddnb.cost.transformer import (flops_per_token, model_flops_utilization, training_days, training_flops,
@@ -34,7 +35,7 @@ __all__ = [
     "ALLTOALL_ALGORITHMS", "alltoall_bytes_per_rank", "alltoall_time",
     # pipeline, model_parallel
     "interleaved_bubble_fraction", "model_parallel_idle_fraction", "peak_microbatches_in_flight",
-    "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time",
+    "pipeline_activation_bytes", "pipeline_bubble_fraction", "pipeline_step_time", "zbh1_bubble_fraction",
     "boundary_bytes", "model_parallel_bytes", "sequential_idle_fractions",
     # scaling
     "NETWORKS", "STEP_ALGORITHMS", "Network", "communication_time", "hierarchical_allreduce_time", "network",

@@ -3,6 +3,7 @@ memory of each schedule, for p stages of equal cost and m micro-batches.
 
     pipeline_bubble_fraction(p, m)           = (p - 1) / (m + p - 1)
     interleaved_bubble_fraction(p, m, v)     = (p - 1) / (v m + p - 1)   (v model chunks per rank)
+    zbh1_bubble_fraction(p, m)               = (p - 1) / (3 m + p - 1)   (ZB-H1, T_F = T_B = T_W)
     model_parallel_idle_fraction(p)          = (p - 1) / p            (m = 1: the naive split)
     pipeline_step_time(p, m, t_f, t_b)       = (m + p - 1) (t_f + t_b)
     peak_microbatches_in_flight(s, p, m, r)  = m (GPipe), min(p - r, m) (1F1B),
@@ -18,7 +19,10 @@ O((p-1)/(m+p-1)) and find it negligible for m >= 4p). Narayanan et al. 2021
 same bubble relative to the ideal time, (p - 1)/m; both schedules, GPipe and 1F1B, have
 it. Activation memory is where they differ (same paper, same section): GPipe keeps all
 m micro-batches of activations before the first backward, 1F1B at most p - rank.
-Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 2.3, Table 2) splits the
+backward into B and W and idles (p - 1)(T_F + T_B - T_W) per rank instead of 1F1B's
+(p - 1)(T_F + T_B + T_W). Taught in `notebooks/09_pipeline_parallelism.ipynb` and
+`notebooks/09b_zero_bubble.ipynb`.
 """
 from __future__ import annotations
 
@@ -42,6 +46,23 @@ def interleaved_bubble_fraction(stages: int, microbatches: int, chunks: int) -> 
     (Narayanan et al. 2021, Sec. 2.2.2). v = 1 is plain 1F1B."""
     check_positive_ints("interleaved_bubble_fraction", stages=stages, microbatches=microbatches, chunks=chunks)
     return (stages - 1) / (chunks * microbatches + stages - 1)
+
+
+def zbh1_bubble_fraction(stages: int, microbatches: int, t_forward: float = 1.0, t_backward: float = 1.0,
+                         t_weight: float = 1.0) -> float:
+    """ZB-H1's idle fraction, (p-1)(T_F + T_B - T_W) / (m(T_F + T_B + T_W) + (p-1)(T_F + T_B - T_W)):
+    each rank idles (p-1)(T_F + T_B - T_W) (Qi et al. 2024, Sec. 2.3, Table 2) and computes
+    m(T_F + T_B + T_W); T_B is the input-gradient pass alone, T_W the weight-gradient
+    pass. With T_F = T_B = T_W (the paper's Sec. 2.1 assumption, the default) that is
+    (p-1)/(3m + p-1), against 1F1B's (p-1)/(m + p-1) with the same three units of work per
+    micro-batch. The paper's schedule assumes m >= p; below it the warm-up is cut short."""
+    with Checks("zbh1_bubble_fraction") as check:
+        check.positive_ints(stages=stages, microbatches=microbatches)
+        for name, t in (("t_forward", t_forward), ("t_backward", t_backward), ("t_weight", t_weight)):
+            check.number(name, t, min=0)
+    idle = (stages - 1) * max(t_forward + t_backward - t_weight, 0.0)
+    busy = microbatches * (t_forward + t_backward + t_weight)
+    return idle / (busy + idle) if busy + idle else 0.0
 
 
 def model_parallel_idle_fraction(stages: int) -> float:

@@ -51,6 +51,7 @@ from ddnb.exercises.ring_attention import check_ring_attention
 from ddnb.exercises.sharding import check_zero1_step
 from ddnb.exercises.tasks import check_task_map
 from ddnb.exercises.tensor_parallel import check_column_parallel
+from ddnb.exercises.zero_bubble import check_zbh1
 
 # Every checker takes `exercise="05.1"` and answers a learner's stub with one line
 # ("Exercise 05.1 not attempted yet: ..."), so a learner's copy runs top to bottom.
@@ -65,5 +66,6 @@ __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allredu
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
            "check_remaining_indices", "check_ring_attention", "check_ring_shift", "check_spectral_gap",
            "check_sum_over_ranks",
-           "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "close_worlds", "compare",
+           "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "check_zbh1", "close_worlds",
+           "compare",
            "passed", "run_on_ranks", "solution"]

@@ -84,6 +84,21 @@ def run_on_ranks(fn, world_size: int, *args, what: str = "your function",
         raise AssertionError(f"{what}: rank(s) {e.ranks} died (the process exited): {e}") from None
 
 
+def used_name(fn, names) -> str | None:
+    """The first of `names` that fn's code, or a function defined inside it, uses (a global,
+    an attribute or an imported name): how a checker refuses the library's shortcut."""
+    codes = [getattr(fn, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        hit = next((n for n in names if n in code.co_names), None)
+        if hit:
+            return hit
+        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return None
+
+
 def first_mismatch(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5):
     """(flat index, got value, expected value) of the first element that differs, else None.
     Shapes must be equal (a shape difference is reported by `compare`)."""

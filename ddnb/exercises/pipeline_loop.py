@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ddnb._checks import Checks
-from ddnb.exercises.core import passed, run_on_ranks
+from ddnb.exercises.core import passed, run_on_ranks, used_name
 from ddnb.models import GPTConfig
 
 SHORTCUTS = ("run_schedule",)     # ddnb's executor: the answer to this exercise
@@ -43,20 +43,6 @@ class LoopStage:
     prev: int | None
     next: int | None
     shape: tuple
-
-
-def _used_shortcut(fn) -> str | None:
-    """The first name of SHORTCUTS that fn's code (or a function defined inside it) uses."""
-    codes = [getattr(fn, "__code__", None)]
-    while codes:
-        code = codes.pop()
-        if code is None:
-            continue
-        hit = next((n for n in SHORTCUTS if n in code.co_names), None)
-        if hit:
-            return hit
-        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
-    return None
 
 
 def _unit_bytes(module, x, target, loss_fn, m: int, first: bool, last: bool) -> int:
@@ -143,7 +129,7 @@ def check_pipeline_loop(fn, cases=CASES, timeout: float = 20) -> str:
                   and all(isinstance(v, int) and not isinstance(v, bool) for v in (case[0], case[2]))
                   and 2 <= case[0] <= 4 and case[2] >= 1)
             check.rule(ok, f"cases[{i}]={case!r}: need (stages 2..4, 'gpipe' or '1f1b', microbatches >= 1)")
-    used = _used_shortcut(fn)
+    used = used_name(fn, SHORTCUTS)
     if used:
         raise AssertionError(f"{getattr(fn, '__name__', 'fn')} calls {used}, ddnb's executor: write the loop "
                              f"over the actions yourself, that is the exercise")

@@ -16,7 +16,8 @@ has the looped placement of interleaved 1F1B, virtual stage c·p + r (Narayanan 
 2p-1-r: the model goes down the ranks and back up, and its first and last stage sit on
 rank 0 (Qi et al. 2024, Sec. 6, Fig. 8). Consecutive virtual stages on the same rank (the
 V's turn, p-1 and p on rank p-1) hand over locally, with no message.
-Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+`parse_schedule` reads one written as text, a line per rank. Taught in
+`notebooks/09_pipeline_parallelism.ipynb` and `notebooks/09b_zero_bubble.ipynb`.
 """
 from __future__ import annotations
 
@@ -37,6 +38,34 @@ class Action(NamedTuple):
 
     def __repr__(self) -> str:
         return f"{self.op}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
+
+
+def parse_actions(text: str, rank: int = 0) -> list[Action]:
+    """"F0 F1 B0 W0 F2.1 ..." -> [Action("F", 0), ...]: one rank's list as `repr` prints
+    it (op, micro-batch, optionally ".chunk"), separated by spaces or commas; ValueError
+    naming the rank and the word that is not an action."""
+    out = []
+    for word in text.replace(",", " ").split():
+        op = word[:1].upper()
+        mb, _, chunk = word[1:].partition(".")
+        if op not in OPS or not mb.isdigit() or (chunk and not chunk.isdigit()):
+            raise ValueError(f"rank {rank}: {word!r} is not an action: write F3, B3 or W3 (op and micro-batch), "
+                             f"F3.1 for chunk 1")
+        out.append(Action(op, int(mb), int(chunk or 0)))
+    return out
+
+
+def parse_schedule(text: str, placement=None) -> Schedule:
+    """A schedule written as text, one line per rank ("F0 F1 B0 W0 ..."; blank lines and
+    lines starting with # skipped), as a `Schedule` with `placement` ("looped", "v", or a
+    placement[r][c] list; None: looped)."""
+    lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
+    ranks = [parse_actions(ln, r) for r, ln in enumerate(x for x in lines if x.strip())]
+    if placement == "v":
+        placement = v_placement(len(ranks))
+    elif placement in (None, "looped"):
+        placement = None
+    return Schedule(ranks, placement=placement)
 
 
 def looped_placement(ranks: int, chunks: int) -> list[list[int]]:

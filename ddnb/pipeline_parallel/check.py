@@ -25,7 +25,8 @@ It proves, in this order, and stops at the first kind of failure:
              receive, so waiting for the receive also waits for that send; not modelled.)
 Each error names the rank and its first offending action, a deadlock every blocked rank
 and what it waits for. On success it returns a `ScheduleReport`.
-Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+Taught in `notebooks/09_pipeline_parallelism.ipynb`; the zero-bubble schedules it checks in
+`notebooks/09b_zero_bubble.ipynb`.
 """
 from __future__ import annotations
 

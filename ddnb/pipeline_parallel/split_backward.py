@@ -31,7 +31,8 @@ M_W = M_B, so ZB-H1 holds p·M_B on every rank (1F1B's peak, on rank 0 only).
 
 The first stage has no input gradient to send (its input, token ids, needs none): there B
 does nothing and W runs the whole backward, as torch's stage does (`backward_one_chunk`
-with full_backward=False on stage 0). Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+with full_backward=False on stage 0). `backward_flops` counts the FLOPs of the three ways
+on one module. Taught in `notebooks/09b_zero_bubble.ipynb`.
 """
 from __future__ import annotations
 
@@ -82,3 +83,31 @@ def backward_weight(saved, params) -> None:
     from torch.distributed.pipelining._backward import stage_backward_weight
 
     stage_backward_weight(iter(list(params)), a)
+
+
+def backward_flops(module, x: torch.Tensor) -> dict[str, int]:
+    """FLOPs (torch.utils.flop_counter) of one forward ("F") and one backward of `module`
+    at input `x`, its output's gradient all ones: "full" (one autograd pass), "B" and "W"
+    as `backward_input` / `backward_weight` split it, "naive B" and "naive W" as the naive
+    pair does. For a Linear stack F = B = W (each a product of the same size, the T_F =
+    T_B = T_W of Qi et al. 2024, Sec. 2.1), B + W = full, and the naive W nearly a full."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def counted(fn, *args):
+        with FlopCounterMode(display=False) as count:
+            out = fn(*args)
+        return count.get_total_flops(), out
+
+    out = {}
+    for how, (b_pass, w_pass) in {"": (backward_input, backward_weight),
+                                  "naive ": (lambda y, g, xi, ps: backward_input_naive(y, g, xi),
+                                             backward_weight_naive)}.items():
+        xi = x.detach().clone().requires_grad_()
+        y = module(xi)
+        out[how + "B"], (_, saved) = counted(b_pass, y, torch.ones_like(y), xi, module.parameters())
+        out[how + "W"], _ = counted(w_pass, saved, module.parameters())
+    xi = x.detach().clone().requires_grad_()
+    out["F"], y = counted(module, xi)
+    out["full"], _ = counted(torch.autograd.backward, y, torch.ones_like(y))
+    module.zero_grad(set_to_none=True)
+    return out

@@ -24,8 +24,8 @@ followed by that B (and W): on one device they run one after the other, in that 
 as torch's runtime runs the pair's sub-actions. The executor
 (`ddnb.pipeline_parallel.executor`) runs them on real stages (`build_stages` places them
 in the V), B and W split as `ddnb.pipeline_parallel.split_backward` does; `simulate` runs
-them on paper (its W events `ddnb.viz.pipeline` does not draw yet).
-Taught in `notebooks/09_pipeline_parallelism.ipynb`.
+them on paper and `ddnb.viz.pipeline` draws them, W in a colour of its own.
+Taught in `notebooks/09b_zero_bubble.ipynb` (after `notebooks/09_pipeline_parallelism.ipynb`).
 """
 from __future__ import annotations
 

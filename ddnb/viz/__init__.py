@@ -15,8 +15,10 @@ from ddnb.viz.input_bound import InputBoundExplorer, plot_input_bound
 from ddnb.viz.memory import plot_memory
 from ddnb.viz.moe import plot_expert_load
 from ddnb.viz.memory_calculator import MemoryCalculator, plot_training_memory
-from ddnb.viz.pipeline import PipelineExplorer, plot_activation_peaks, plot_bubble, plot_pipeline, plot_schedule
+from ddnb.viz.pipeline import (PipelineExplorer, plot_activation_peaks, plot_bubble, plot_pipeline, plot_schedule,
+                               plot_schedules)
 from ddnb.viz.profile_picker import ProfilePicker
+from ddnb.viz.schedule_editor import ScheduleEditor
 from ddnb.viz.scaling import plot_scaling, plot_time_vs_workers, scaling_table
 from ddnb.viz.scaling_model import (ScalingExplorer, plot_efficiency, plot_emulated_scaling, plot_predicted_vs_measured,
                                     plot_step_times)
@@ -50,6 +52,7 @@ __all__ = [
     "scaling_table",
     # 08-11: model, pipeline and tensor parallelism, sharding
     "plot_memory", "PipelineExplorer", "plot_activation_peaks", "plot_bubble", "plot_pipeline", "plot_schedule",
+    "ScheduleEditor", "plot_schedules",
     "TensorParallelExplorer", "plot_shard_layout", "plot_tp_traffic", "ZeroMemoryExplorer", "plot_zero_stages",
     # 12: scalability
     "ScalingExplorer", "plot_efficiency", "plot_predicted_vs_measured", "plot_step_times",
