@@ -3,7 +3,8 @@ into B (input gradient) and W (weight gradients) (Qi et al. 2024, "Zero Bubble P
 Parallelism", Sec. 2): B + W do the FLOPs of one full backward (the naive split does
 nearly two) and give its gradients; one step of ZB-H1, ZB-V and DualPipeV (and GPipe,
 interleaved 1F1B) gives the gradients (1e-5) of one process on the whole batch and of the
-1F1B run, for p = 4 (m = 8) and p = 2 (m = 4, a subgroup of the last two ranks); the
+1F1B run, for p = 4 (m = 8) and p = 2 (m = 4, a subgroup of the last two ranks), and ZB-V and
+DualPipeV those of torch's ScheduleZBVZeroBubble and ScheduleDualPipeV on the same V; the
 micro-batches each rank holds, measured (F until W), are the checker's peak_in_flight;
 every F, B and W is traced with its op and virtual stage; on the V the two stages at its
 turn hand over in memory (no message) and the last stage, on rank 0, has the loss; a V
@@ -20,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ddnb.models import GPTConfig, gpt, lm_loss, synthetic_task
 from ddnb.pipeline_parallel import (Action, PipelineStage, build_stages, get_schedule, reference_grads, run_schedule,
-                                    validate_schedule, zbv_schedule)
+                                    torch_pipeline_grads, validate_schedule, zbv_schedule)
 from ddnb.pipeline_parallel.split_backward import (backward_input, backward_input_naive, backward_weight,
                                                    backward_weight_naive)
 
@@ -120,6 +121,13 @@ def every_schedule(cases=CASES, names=NAMES):
             dist.all_gather_object(every, mine, group=group)
             full[name] = {k: g for d in every for k, g in d.items()}
             events = tracer.take()
+            torch_err = None
+            if name in ("zbv", "dualpipev"):      # torch's own schedules, on the same V placement
+                tloss, tgrads = torch_pipeline_grads(gpt(CFG, seed=1), name, idx if 0 in schedule.placement[rank]
+                                                     else None, targets if 0 in schedule.placement[rank] else None,
+                                                     lm_loss, m, group=group)
+                mine_list = [q.grad for st in stages for q in st.module.parameters()]
+                torch_err = max((a - b).abs().max().item() for a, b in zip(mine_list, tgrads))
             out[p, m, name] = {
                 "rank": rank, "schedule": schedule[rank], "placement": schedule.placement[rank],
                 "ref_err": max((g - ref[k]).abs().max().item() for k, g in full[name].items()),
@@ -129,7 +137,7 @@ def every_schedule(cases=CASES, names=NAMES):
                 "compute": [(Action(e["op"], e["microbatch"], e["chunk"]), e["stage"])
                             for e in events if e["kind"] == "compute"],
                 "sends": sum(e["kind"] == "send" for e in events), "recvs": sum(e["kind"] == "recv" for e in events),
-                "live_end": res.live_bytes[-1], "peak_bytes": res.peak_activation_bytes}
+                "live_end": res.live_bytes[-1], "peak_bytes": res.peak_activation_bytes, "torch_err": torch_err}
         for name in NAMES:
             out[p, m, name]["vs_1f1b"] = max((g - full["1f1b"][k]).abs().max().item() for k, g in full[name].items())
     return out
@@ -153,6 +161,8 @@ def test_gradients_equal_one_process_and_1f1b(runs, name, p, m):
     for x in results:
         assert x["complete"]
         assert x["ref_err"] < 1e-5 and x["vs_1f1b"] < 1e-5, (name, x["rank"], x["ref_err"], x["vs_1f1b"])
+        if name in ("zbv", "dualpipev"):         # torch's ScheduleZBVZeroBubble / ScheduleDualPipeV
+            assert x["torch_err"] < 1e-5, (name, x["rank"], x["torch_err"])
     has_loss = [x["rank"] for x in results if x["loss"] is not None]
     assert has_loss == ([0] if name in ("zbv", "dualpipev") else [p - 1])     # the V ends on rank 0
     loss = results[has_loss[0]]

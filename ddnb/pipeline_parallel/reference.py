@@ -39,34 +39,41 @@ def torch_pipeline_grads(model: nn.Sequential, schedule: str, inputs: torch.Tens
                          boundaries=None, chunks: int = 2) -> tuple[float | None, list[torch.Tensor]]:
     """Run one step of torch.distributed.pipelining on this rank's slice of `model` (a copy:
     `model` is not touched), with `schedule` "gpipe" (ScheduleGPipe), "1f1b"
-    (Schedule1F1B) or "interleaved" (ScheduleInterleaved1F1B over `chunks` stages per
-    rank, virtual stage c·p + rank for chunk c). Stage 0 passes `inputs`, the last stage
-    `targets`. Returns (the mean micro-batch loss on the last stage else None, the grads
-    of this rank's parameters, chunk by chunk)."""
+    (Schedule1F1B), "interleaved" (ScheduleInterleaved1F1B over `chunks` stages per
+    rank, virtual stage c·p + rank for chunk c), or on the V placement (virtual stages
+    rank and 2p-1-rank, so rank 0 holds the first and the last) "zbv"
+    (ScheduleZBVZeroBubble, Qi et al. 2024, Sec. 6) or "dualpipev" (ScheduleDualPipeV,
+    DeepSeek-V3 report Sec. 3.2.1). The rank holding stage 0 passes `inputs`, the one
+    holding the last stage `targets`. Returns (the mean micro-batch loss on the last
+    stage else None, the grads of this rank's parameters, chunk by chunk)."""
     import copy
 
     from torch.distributed.pipelining import PipelineStage as TorchStage
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)
 
-    kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+    kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
+             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
     with Checks("torch_pipeline_grads") as check:
         check.choice("schedule", schedule, kinds)
         check.integer("chunks", chunks, min=1)
         check.integer("microbatches", microbatches, min=1)
     rank, p = dist.get_rank(group), dist.get_world_size(group)
-    v = chunks if schedule == "interleaved" else 1
+    shaped_v = schedule in ("zbv", "dualpipev")
+    v = chunks if schedule == "interleaved" else 2 if shaped_v else 1
     boundaries = partition_layers(len(model), p * v) if boundaries is None else boundaries
     boundaries = check_bounds(boundaries, len(model), p * v)       # p·v (virtual) stages
+    held = [rank, 2 * p - 1 - rank] if shaped_v else [c * p + rank for c in range(v)]
     modules, stages = [], []
-    for c in range(v):
-        start, end = boundaries[c * p + rank]
+    for c, s in enumerate(held):
+        start, end = boundaries[s]
         module = copy.deepcopy(model[start:end])
         module.zero_grad(set_to_none=True)
         modules.append(module)
-        stages.append(TorchStage(module, c * p + rank, p * v, next(module.parameters()).device, group=group))
+        stages.append(TorchStage(module, s, p * v, next(module.parameters()).device, group=group))
     runner = kinds[schedule](stages if v > 1 else stages[0], n_microbatches=microbatches, loss_fn=loss_fn,
                              scale_grads=True)
-    first, last = rank == 0, rank == p - 1
+    first, last = 0 in held, p * v - 1 in held
     if first:
         check_microbatches(inputs.shape[0], microbatches)
     if last:
