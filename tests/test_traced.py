@@ -57,3 +57,37 @@ def test_results_events_and_one_clock(emulate):
             assert events[0]["end"] - events[0]["start"] >= ring
     if emulate:
         assert all(r["overruns"] == 0 for r in reports)
+
+
+def _broadcast_and_all_to_all(src):
+    import torch.distributed as dist
+
+    from ddnb.collectives import traced
+    from ddnb.emulate import current
+    from ddnb.trace import Tracer
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    tr = Tracer()
+    x = torch.full((4,), float(rank))
+    traced.broadcast(x, src, tracer=tr)
+    inp = torch.arange(n * 2, dtype=torch.float32) + 100 * rank      # chunk j -> rank j
+    out = torch.empty_like(inp)
+    traced.all_to_all(out, inp, tracer=tr)
+    em = current()
+    return x.tolist(), out.tolist(), [e["op"] for e in tr.take()], em.messages if em else None
+
+
+@pytest.mark.parametrize("emulate", [None, "slow"])
+def test_broadcast_and_all_to_all_are_torchs_and_timed_by_messages_when_emulated(emulate):
+    from ddnb.emulate import custom
+
+    profile = custom(alpha=1e-4, bandwidth=1e9, slowdown=10) if emulate else None
+    with World(3, emulate=profile, timeout=60) as w:
+        out = w.run(_broadcast_and_all_to_all, 1)
+    for rank, (x, got, ops, messages) in enumerate(out):
+        assert x == [1.0] * 4
+        assert got == [2 * rank + k + 100 * i for i in range(3) for k in range(2)]
+        assert ops == ["broadcast", "all_to_all"]
+        assert (messages is None) == (not emulate)
+    if emulate:   # timed by messages: the tree sends one to each of the 2 other ranks, the all-to-all 2 per rank
+        assert sum(m for *_, m in out) == 2 + 3 * 2

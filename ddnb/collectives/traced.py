@@ -7,6 +7,8 @@ compression sit on one time axis with the from-scratch algorithms' messages.
     all_gather(t, group, tracer, name, **fields)             (N, *t.shape), rank order
     reduce_scatter(chunks, group, tracer, name, **fields)    this rank's chunk of the sum
     barrier(group, tracer, name)
+    broadcast(t, src, group, tracer, name)                   rank src's t on every rank, in place
+    all_to_all(out, t, group, tracer, name)                  all_to_all_single, equal splits
     all_reduce_async(t, group)                               a work to .wait() (untraced: the
                                                              caller stamps launch and end)
     ddp_comm_hook()                                          the hook DDP's buckets need, or None
@@ -91,6 +93,32 @@ def ddp_comm_hook():
     """The communication hook torch's DDP needs here (`ddp.register_comm_hook(group, hook)`),
     or None for DDP's own all-reduce (real mode)."""
     return _EMULATED.get("ddp_comm_hook")
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None, tracer: Tracer | None = None,
+              name: str = "broadcast", **fields) -> torch.Tensor:
+    """Group rank `src`'s `tensor` copied into `tensor` on every rank of `group`; traced
+    (nbytes: the tensor). Returns `tensor`."""
+    start = now()
+    if "broadcast" in _EMULATED:
+        _EMULATED["broadcast"](tensor, src, group)
+    else:
+        dist.broadcast(tensor, dist.get_global_rank(group, src) if group is not None else src, group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(tensor), op="broadcast", **fields)
+    return tensor
+
+
+def all_to_all(out: torch.Tensor, tensor: torch.Tensor, group=None, tracer: Tracer | None = None,
+               name: str = "all_to_all", **fields) -> torch.Tensor:
+    """dist.all_to_all_single(out, tensor) with equal splits: chunk j of `tensor` (dim 0)
+    to rank j, chunk i of `out` from rank i; traced (nbytes: this rank's input). Returns `out`."""
+    start = now()
+    if "all_to_all" in _EMULATED:
+        _EMULATED["all_to_all"](out, tensor, group)
+    else:
+        dist.all_to_all_single(out, tensor, group=group)
+    get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(tensor), op="all_to_all", **fields)
+    return out
 
 
 def barrier(group=None, tracer: Tracer | None = None, name: str = "barrier") -> None:

@@ -26,7 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddnb.collectives.p2p import global_rank
+from ddnb.collectives import traced
+from ddnb.trace import Tracer
+
+_QUIET = Tracer(enabled=False)   # set-up, not a step: its broadcasts are timed, not traced
 
 
 class ReplicaMismatchError(ValueError):
@@ -47,18 +50,19 @@ def checksum(tensor: torch.Tensor) -> int:
 
 def broadcast_module(module: nn.Module, src: int = 0, group=None) -> nn.Module:
     """Copy every parameter and buffer of rank `src` (a rank of `group`) into the other
-    ranks' module, in place, one torch.distributed.broadcast per tensor. Every rank
-    must hold the same architecture (check it first with `check_replicas(values=False)`)."""
+    ranks' module, in place, one torch.distributed.broadcast per tensor (through the one
+    traced layer: timed by its messages in an emulated cluster). Every rank must hold the
+    same architecture (check it first with `check_replicas(values=False)`)."""
     n = dist.get_world_size(group)
     if not 0 <= src < n:
         raise ValueError(f"broadcast_module: src={src} is not a rank of the group (0..{n - 1})")
     with torch.no_grad():
         for _, t in module_tensors(module):
             if t.is_contiguous():
-                dist.broadcast(t.data, global_rank(group, src), group=group)
+                traced.broadcast(t.data, src, group, tracer=_QUIET)
             else:
                 flat = t.data.contiguous()
-                dist.broadcast(flat, global_rank(group, src), group=group)
+                traced.broadcast(flat, src, group, tracer=_QUIET)
                 t.data.copy_(flat)
     return module
 

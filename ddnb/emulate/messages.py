@@ -199,6 +199,49 @@ def all_gather(out: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
         em.advance_to(_ring_time(scratch, launch, group, gather=True))
 
 
+def _on_stream(launch: float, algorithm, *args, group=None) -> float:
+    """Run ddnb's `algorithm(*args, group=..., tracer=..., check=False)` over the message
+    layer on this rank's collective stream from `launch`; returns its end on this rank."""
+    from ddnb.emulate.compute import paused
+    from ddnb.trace import Tracer
+
+    em = current()
+    with em.stream(launch) as t, paused():
+        algorithm(*args, group=group, tracer=Tracer(enabled=False), check=False)
+    return t[0]
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> None:
+    """dist.broadcast, for real, in the emulated time of ddnb's binomial-tree broadcast's
+    messages (`ddnb.collectives.tree.broadcast`: ceil(log2 N) rounds) run on a copy."""
+    from ddnb.collectives.p2p import global_rank
+    from ddnb.collectives.tree import broadcast as tree_broadcast
+    from ddnb.emulate.compute import paused
+
+    em = current()
+    launch = em.sync()
+    with uncounted(), paused():
+        scratch = tensor.detach().clone()
+        dist.broadcast(tensor, global_rank(group, src), group=group)
+    if dist.get_world_size(group) > 1:
+        em.advance_to(_on_stream(launch, lambda x, **kw: tree_broadcast(x, src, **kw), scratch, group=group))
+
+
+def all_to_all(out: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
+    """dist.all_to_all_single(out, tensor), for real, in the emulated time of ddnb's
+    pairwise all-to-all's messages (`ddnb.collectives.all_to_all`: N-1 rounds) run on a copy."""
+    from ddnb.collectives.all_to_all import all_to_all as pairwise
+    from ddnb.emulate.compute import paused
+
+    em = current()
+    launch = em.sync()
+    with uncounted(), paused():
+        scratch_in, scratch_out = tensor.detach().clone(), torch.empty_like(out)
+        dist.all_to_all_single(out, tensor, group=group)
+    if dist.get_world_size(group) > 1:
+        em.advance_to(_on_stream(launch, pairwise, scratch_out, scratch_in, group=group))
+
+
 def barrier(group=None) -> float:
     """dist.barrier as a dissemination barrier over the message layer (Hensgen, Finkel &
     Manber 1988): in round k every rank sends one byte to rank + 2^k and waits for the one
