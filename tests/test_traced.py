@@ -73,21 +73,23 @@ def _broadcast_and_all_to_all(src):
     inp = torch.arange(n * 2, dtype=torch.float32) + 100 * rank      # chunk j -> rank j
     out = torch.empty_like(inp)
     traced.all_to_all(out, inp, tracer=tr)
+    rs = traced.reduce_scatter([torch.full((2,), float(rank + j)) for j in range(n)], tracer=tr)
     em = current()
-    return x.tolist(), out.tolist(), [e["op"] for e in tr.take()], em.messages if em else None
+    return x.tolist(), out.tolist(), rs.tolist(), [e["op"] for e in tr.take()], em.messages if em else None
 
 
 @pytest.mark.parametrize("emulate", [None, "slow"])
-def test_broadcast_and_all_to_all_are_torchs_and_timed_by_messages_when_emulated(emulate):
+def test_broadcast_all_to_all_and_reduce_scatter_are_torchs_and_timed_by_messages_when_emulated(emulate):
     from ddnb.emulate import custom
 
     profile = custom(alpha=1e-4, bandwidth=1e9, slowdown=10) if emulate else None
     with World(3, emulate=profile, timeout=60) as w:
         out = w.run(_broadcast_and_all_to_all, 1)
-    for rank, (x, got, ops, messages) in enumerate(out):
+    for rank, (x, got, rs, ops, messages) in enumerate(out):
         assert x == [1.0] * 4
         assert got == [2 * rank + k + 100 * i for i in range(3) for k in range(2)]
-        assert ops == ["broadcast", "all_to_all"]
+        assert rs == [float(sum(r + rank for r in range(3)))] * 2        # chunk `rank` summed over ranks
+        assert ops == ["broadcast", "all_to_all", "reduce_scatter"]
         assert (messages is None) == (not emulate)
-    if emulate:   # timed by messages: the tree sends one to each of the 2 other ranks, the all-to-all 2 per rank
-        assert sum(m for *_, m in out) == 2 + 3 * 2
+    if emulate:   # timed by messages: the tree sends one to each of the 2 other ranks, the all-to-all and
+        assert sum(m for *_, m in out) == 2 + 3 * 2 + 3 * 2    # the ring reduce-scatter 2 per rank

@@ -16,10 +16,9 @@ compression sit on one time axis with the from-scratch algorithms' messages.
 An event is kind "collective", nbytes = the bytes this rank contributes (its tensor; a
 reduce-scatter's output), op = the collective, plus `fields`. In an emulated cluster the
 emulator plugs in its own versions (`set_emulated`, by `ddnb.emulate.session`): the real
-collective, its values torch's, timed by the messages of the ring it runs, sent for real over the
-emulated links (`ddnb.emulate.messages`); a collective it has no version of
-(reduce-scatter) runs for real, takes no emulated time, and is counted in the run's
-summary. This module never asks whether it is emulated. Taught in
+collective, its values torch's, timed by the messages of ddnb's algorithm for it (ring,
+binomial tree, pairwise exchange, dissemination barrier), sent for real over the emulated
+links on a copy (`ddnb.emulate.messages`). This module never asks whether it is emulated. Taught in
 `notebooks/10_tensor_parallelism.ipynb` and `notebooks/14_precision_compression.ipynb`.
 """
 from __future__ import annotations
@@ -35,7 +34,9 @@ _EMULATED: dict = {}   # op -> the emulator's version (all_reduce, all_gather, b
 
 def set_emulated(versions: dict | None) -> None:
     """Run `versions` ({"all_reduce": f(t, op, group), "all_gather": f(out, t, group),
-    "barrier": f(group)}) instead of torch.distributed's (None: torch's again)."""
+    "reduce_scatter": f(out, chunks, group), "broadcast": f(t, src, group), "all_to_all":
+    f(out, t, group), "barrier": f(group), "all_reduce_async": f(t, group), "ddp_comm_hook":
+    a hook}) instead of torch.distributed's (None: torch's again)."""
     _EMULATED.clear()
     _EMULATED.update(versions or {})
 
@@ -75,7 +76,8 @@ def reduce_scatter(chunks: list[torch.Tensor], group=None, tracer: Tracer | None
     one shape); traced (nbytes: the chunk this rank gets)."""
     out = torch.empty_like(chunks[0])
     start = now()
-    dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
+    (_EMULATED.get("reduce_scatter") or (lambda o, cs, g: dist.reduce_scatter(o, cs, group=g)))(
+        out, [c.contiguous() for c in chunks], group)
     get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(out), op=as_op, **fields)
     return out
 

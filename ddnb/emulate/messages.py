@@ -211,6 +211,23 @@ def _on_stream(launch: float, algorithm, *args, group=None) -> float:
     return t[0]
 
 
+def reduce_scatter(out: torch.Tensor, chunks: list, group=None) -> None:
+    """dist.reduce_scatter(out, chunks), for real, in the emulated time of ddnb's ring
+    reduce-scatter's messages (`ddnb.collectives.ring.ring_reduce_scatter`: N-1 steps) run
+    on a copy of the concatenated chunks."""
+    from ddnb.collectives.ring import ring_reduce_scatter
+    from ddnb.emulate.compute import paused
+
+    em = current()
+    launch = em.sync()
+    with uncounted(), paused():
+        scratch = torch.cat([c.reshape(-1) for c in chunks])
+        dist.reduce_scatter(out, chunks, group=group)
+    if dist.get_world_size(group) > 1:
+        em.advance_to(_on_stream(launch, lambda x, **kw: ring_reduce_scatter(
+            x, segment_bytes=SEGMENT_BYTES, **kw), scratch, group=group))
+
+
 def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> None:
     """dist.broadcast, for real, in the emulated time of ddnb's binomial-tree broadcast's
     messages (`ddnb.collectives.tree.broadcast`: ceil(log2 N) rounds) run on a copy."""

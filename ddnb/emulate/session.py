@@ -30,7 +30,7 @@ def activate(profile, rank: int, world_size: int, epoch: float, pace_compute: bo
     traced.set_emulated({"all_reduce": messages.all_reduce, "all_gather": messages.all_gather,
                          "barrier": messages.barrier, "all_reduce_async": messages.EmulatedAllReduce,
                          "ddp_comm_hook": messages.ddp_comm_hook, "broadcast": messages.broadcast,
-                         "all_to_all": messages.all_to_all})   # torch's own collectives: timed by the ring's messages
+                         "all_to_all": messages.all_to_all, "reduce_scatter": messages.reduce_scatter})   # torch's own collectives: timed by the ring's messages
     if pace_compute:
         from ddnb.emulate.compute import start_pacing
 
