@@ -40,6 +40,7 @@ _EXPORTS = {
     "WorkerLostError": "ddnb.runtime.errors",
     "WorkerTimeoutError": "ddnb.runtime.errors",
     "ProcessGrid": "ddnb.process_grid",
+    "plan": "ddnb.cost.planner",
 }
 
 __all__ = sorted(_EXPORTS)

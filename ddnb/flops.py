@@ -3,6 +3,7 @@
 days of training, which re-exports these) both read. No torch: a formula only.
 
     flops_per_token(n_layers, d_model, vocab_size, seq_len)      6·N_matmul + 12·L·T·d (PaLM, App. B)
+    layer_flops_per_token(d_model, seq_len)                      one block's share: 6·(4 + 2r)·d² + 12·T·d
     matmul_params(n_layers, d_model, vocab_size)                 N_matmul: the weights that multiply
     matmul_flops(m, k, n)                                        2·m·k·n of one (m, k) @ (k, n)
 
@@ -25,13 +26,22 @@ def matmul_params(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: int =
     return n_layers * (4 + 2 * mlp_ratio) * d_model ** 2 + vocab_size * d_model
 
 
+def layer_flops_per_token(d_model: int, seq_len: int, mlp_ratio: int = 4) -> int:
+    """Model FLOPs of one block for one training token (forward + backward): 6·(4 + 2r)·d²
+    for its matmul weights and 12·T·d for QKᵀ and AV over T positions. Forward alone is a
+    third of it (2 per weight, 4·T·d), which is what activation checkpointing runs again."""
+    check_positive_ints("layer_flops_per_token", d_model=d_model, seq_len=seq_len, mlp_ratio=mlp_ratio)
+    return 6 * (4 + 2 * mlp_ratio) * d_model ** 2 + 12 * seq_len * d_model
+
+
 def flops_per_token(n_layers: int, d_model: int, vocab_size: int, seq_len: int, mlp_ratio: int = 4) -> int:
     """Model FLOPs of one training token (forward + backward): 6·N + 12·L·T·d, with N the
     matmul weights (`matmul_params`) and 12·L·T·d for QKᵀ and AV over T positions, forward
-    and backward (Chowdhery et al. 2022, "PaLM", Appendix B, with heads·head size = d)."""
+    and backward (Chowdhery et al. 2022, "PaLM", Appendix B, with heads·head size = d):
+    L blocks (`layer_flops_per_token`) and the output projection's 6·V·d."""
     check_positive_ints("flops_per_token", n_layers=n_layers, d_model=d_model, vocab_size=vocab_size,
                         seq_len=seq_len, mlp_ratio=mlp_ratio)
-    return 6 * matmul_params(n_layers, d_model, vocab_size, mlp_ratio) + 12 * n_layers * seq_len * d_model
+    return n_layers * layer_flops_per_token(d_model, seq_len, mlp_ratio) + 6 * vocab_size * d_model
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:

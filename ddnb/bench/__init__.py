@@ -27,6 +27,8 @@
   (`notebooks/05b_decentralized.ipynb`; no command);
 - `ddnb.bench.horovod_knobs`: Horovod re-formed on a cluster's engines under each fusion
   setting, and a few steps timed (`notebooks/07_horovod.ipynb`; no command);
+- `ddnb.bench.plan`: the layout planner's ranking, and its model against Megatron-LM's
+  Table 1 (`--paper megatron2021`); formulas only, nothing starts (`notebooks/12_scalability.ipynb`);
 - `ddnb.bench.context_parallel`: each context-parallel scheme's attention time on an
   emulated cluster (`notebooks/13_sequence_context_expert.ipynb`; no command).
 
