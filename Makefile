@@ -36,7 +36,7 @@ lab: learn
 	$(VENV)/bin/jupyter lab --notebook-dir=learn $(ROOT_ARGS) $(LAB_ARGS)
 
 # Every learner's copy, built afresh, runs top to bottom without an error (checkers given a
-# stub print "not attempted yet" and the notebook runs on). `make test` runs three chapters
+# stub print "not attempted yet" and the notebook runs on). `make test` runs two chapters
 # of it (tests/test_learner_edition.py); this runs all of them.
 test-learner: setup
 	rm -rf .learn-test && $(PY) -m ddnb.exercises --into .learn-test

@@ -628,6 +628,10 @@ def kind_of(spec):
 
 
 def numbers_in(result):
+    import dataclasses
+
+    if dataclasses.is_dataclass(result):       # a Link (network()): its fields
+        return numbers_in(dataclasses.asdict(result))
     if isinstance(result, dict):
         return [v for value in result.values() for v in numbers_in(value)]
     if isinstance(result, (list, tuple)):
