@@ -22,7 +22,8 @@ import sys
 from ddnb.bench import allreduce as ar
 from ddnb.bench import plan, ps
 from ddnb.bench.allreduce import ALLREDUCE_ALGORITHMS, GB, format_size, format_time, parse_sizes
-from ddnb.bench.args import _at_least, _ints, _load, _names, _sizes, add_emulate_arguments, emulated
+from ddnb.bench.args import (_at_least, _ints, _load, _names, _sizes, add_emulate_arguments, emulated,
+                             run_without_overruns)
 
 
 def _add_timing_arguments(p) -> None:
@@ -373,7 +374,7 @@ def _cmd_compress(parser, args) -> int:
 def main(argv=None, prog: str = "python -m ddnb.bench") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    return args.run(args.parser, args)
+    return run_without_overruns(args, lambda: args.run(args.parser, args))
 
 
 if __name__ == "__main__":

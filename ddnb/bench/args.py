@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ddnb.bench.allreduce import parse_sizes
 
@@ -71,15 +72,17 @@ def add_emulate_arguments(p) -> None:
 
 def emulated(parser, args, ranks: int | None = None):
     """The emulated profile the command line asks for (None: real mode). A named profile's
-    slowdown is scaled for `ranks` processes on this machine's cores
-    (`placement.scaled_slowdown`; default the largest --workers or --stages), unless
-    --slowdown gives it."""
+    slowdown is the default for `ranks` processes on this machine
+    (`placement.default_slowdown`: the profile's scaled by workers per core, or more where
+    this machine's measured costs need more; `ranks` defaults to the largest --workers or
+    --stages), unless --slowdown gives it. The largest default used is kept in
+    args.default_slowdown, for the repeat of a run that overran (`ddnb.bench.__main__`)."""
     if args.emulate is None:
         if args.slowdown is not None:
             parser.error("--slowdown needs --emulate")
         return None
     from ddnb.emulate import get_profile
-    from ddnb.runtime.placement import scaled_slowdown
+    from ddnb.runtime.placement import default_slowdown
 
     profile = get_profile(args.emulate)
     if args.slowdown:
@@ -87,4 +90,42 @@ def emulated(parser, args, ranks: int | None = None):
     if ranks is None:
         ranks = getattr(args, "workers", None) or getattr(args, "stages", 1)   # the largest world of the run
         ranks = max(ranks) if isinstance(ranks, list) else ranks
-    return profile.with_(slowdown=scaled_slowdown(profile.slowdown, ranks))
+    profile = profile.with_(slowdown=default_slowdown(profile, ranks))
+    args.default_slowdown = max(getattr(args, "default_slowdown", 0.0), profile.slowdown)
+    return profile
+
+
+def run_without_overruns(args, run, factor: float = 2.0):
+    """run() -> exit status, for a command line with --emulate and no --slowdown: its output
+    is held back and, if it reports overruns (`ddnb.emulate.overruns`: real work outran its
+    model, so its times are wrong), the run is repeated at `factor` times the default
+    slowdown, saying so on stderr (`ddnb.emulate.without_overruns`), before the last run's
+    output is printed. Real mode, or a --slowdown the user chose, runs once as it is."""
+    if getattr(args, "emulate", None) is None or getattr(args, "slowdown", None) is not None:
+        return run()
+    import contextlib
+    import io
+
+    from ddnb.emulate import overruns, without_overruns
+
+    def once(slowdown=None):
+        args.slowdown = slowdown
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = run()
+        return rc, buf.getvalue()
+
+    def say(line):
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    rc, text = once()
+    n = overruns(text)
+    if n and getattr(args, "default_slowdown", None):
+        slowdown = args.default_slowdown
+        say(f"{n} overruns at the default slowdown {slowdown:g}x (real work outran its model): "
+            f"running again at {slowdown * factor:g}x")
+        rc, text = without_overruns(once, slowdown * factor, emulation=lambda out: out[1], factor=factor,
+                                    tries=2, say=say)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return rc

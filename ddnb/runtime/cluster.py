@@ -65,8 +65,9 @@ class Cluster:
     emulate : None (real mode: this machine's processes and wall-clock times), or a profile
         (a name in `ddnb.emulate.PROFILES`: "10gbe", "ib", "nvlink", or a `Profile`): the
         workers become an emulated cluster of that hardware (`ddnb.emulate`). Every worker
-        must be on this host; Horovod is not emulated. A name's slowdown grows with the
-        workers per core (`placement.scaled_slowdown`); a Profile's is used as given.
+        must be on this host; Horovod is not emulated. A name's slowdown is calibrated to
+        this machine and grows with the workers per core (`placement.default_slowdown`);
+        a Profile's is used as given.
     """
 
     def __init__(self, n: int | None = 4, backend: str = "auto", horovod: bool = False,

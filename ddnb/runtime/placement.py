@@ -70,7 +70,7 @@ def check_n(n, allow_none: bool = False, check: Checks | None = None) -> None:
 
 def emulated_profile(emulate, check: Checks, workers: int | None = None):
     """The emulated cluster's Profile (None: real mode); a bad one is a problem in `check`.
-    A profile given by name gets `scaled_slowdown` for `workers` on this machine's cores; a
+    A profile given by name gets `default_slowdown` for `workers` on this machine; a
     Profile object is used as given (its slowdown is the caller's choice)."""
     if emulate is None:
         return None
@@ -82,7 +82,7 @@ def emulated_profile(emulate, check: Checks, workers: int | None = None):
         check.rule(False, str(e))
         return None
     if isinstance(emulate, str) and isinstance(workers, int) and workers >= 1:
-        profile = profile.with_(slowdown=scaled_slowdown(profile.slowdown, workers))
+        profile = profile.with_(slowdown=default_slowdown(profile, workers))
     return profile
 
 
@@ -90,8 +90,44 @@ def scaled_slowdown(slowdown: float, workers: int, cores: int | None = None) -> 
     """A named profile's slowdown is set for one worker per core; with more workers than
     cores each gets 1/(workers/cores) of a core, so its real work takes that much longer
     and the dilation grows by the same factor: slowdown x max(1, workers / cores)."""
-    import os
+    from ddnb.runtime.machine import cores as machine_cores
 
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return slowdown * max(1.0, workers / cores)
+    return slowdown * max(1.0, workers / (cores or machine_cores()))
+
+
+# How much room the calibrated slowdown leaves above the measured ratios of real to
+# emulated cost (real work varies by tens of percent from call to call).
+CALIBRATION_MARGIN = 1.5
+
+
+def needed_slowdown(profile, costs: dict, workers: int, cores: int | None = None) -> float:
+    """The slowdown at which this machine keeps pace with `profile`: the largest ratio of real
+    to emulated cost of the work the emulator charges, compute (the profile's FLOP/s x MFU
+    against this core's matmul FLOP/s; its memory bandwidth against this core's) and
+    messages (a message's real cost in ddnb's message layer against the smallest alpha),
+    times the workers sharing each core, times CALIBRATION_MARGIN."""
+    ratios = (profile.peak_flops * profile.efficiency / costs["flops"],
+              profile.memory_bandwidth / costs["bandwidth"],
+              costs["message_seconds"] / min(profile.intra.alpha, profile.inter.alpha))
+    return CALIBRATION_MARGIN * scaled_slowdown(max(ratios), workers, cores)
+
+
+def default_slowdown(profile, workers: int, costs: dict | None = None, cores: int | None = None) -> float:
+    """The default slowdown of a named profile for `workers` ranks on this machine: the
+    larger of the profile's own (set for one worker per core, scaled by workers per core:
+    the stored notebooks were checked at it) and what this machine measurably needs
+    (`needed_slowdown`, from `ddnb.runtime.machine.machine_costs()`), rounded up to 1, 2 or 5
+    times a power of ten."""
+    import math
+
+    from ddnb.runtime.machine import machine_costs
+
+    floor = scaled_slowdown(profile.slowdown, workers, cores)
+    costs = machine_costs() if costs is None else costs
+    if not costs:
+        return floor
+    need = needed_slowdown(profile, costs, workers, cores)
+    if need <= floor:
+        return floor
+    decade = 10.0 ** math.floor(math.log10(need))
+    return next(m * decade for m in (1, 2, 5, 10) if m * decade >= need)
