@@ -295,15 +295,13 @@ def _run(method: str, config: DiLoCoConfig, ranks: list[int], comm, n: int) -> d
 
 
 def _train(method: str, config: DiLoCoConfig, group=None, tracer=None) -> dict:
-    import torch.distributed as dist
-
-    from ddnb.collectives import p2p
+    from ddnb.collectives import p2p, traced
 
     n, rank = p2p.group_size(group), p2p.group_rank(group)
     config.validate(n)                             # before any message: every rank raises alike
     comm = Traced(group, tracer)
     if n > 1:
-        dist.barrier(group=group)
+        traced.barrier(group, tracer, name="start")
     return dict(_run(method, config, [rank], comm, n), rank=rank)
 
 
