@@ -82,16 +82,21 @@ def test_processes_match_the_single_process_simulation(world, method, config):
     assert losses == pytest.approx(ref["losses"], abs=1e-5)
 
 
-def test_diloco_sends_50x_fewer_bytes_reaches_ddp_loss_and_streaming_cuts_the_peak(world):
-    config = DiLoCoConfig(steps=200, inner_steps=50, fragments=4)
+def test_diloco_sends_50x_fewer_bytes_and_streaming_cuts_the_peak(world):
+    config = DiLoCoConfig(steps=100, inner_steps=50, fragments=4)
     ddp, diloco, streaming = (world.run(_run, m, config) for m in ("ddp", "diloco", "streaming_diloco"))
     assert ddp[0]["bytes_from"] == "emulated ring messages"                # counted from messages, not a formula
     ratio = min(d["bytes_sent"] for d in ddp) / max(d["bytes_sent"] for d in diloco)
     assert ratio >= 40, ratio
-    assert diloco[0]["final_loss"] <= 1.05 * ddp[0]["final_loss"], (diloco[0]["final_loss"], ddp[0]["final_loss"])
     full = max(d["peak_bytes_per_sync"] for d in diloco)                   # one full synchronization
     assert max(s["peak_bytes_per_sync"] for s in streaming) * config.fragments <= full
-    assert streaming[0]["final_loss"] <= 1.05 * ddp[0]["final_loss"]
+
+
+def test_diloco_reaches_ddp_final_loss_on_the_chapter_task():
+    # The chapter's budget (DiLoCoConfig(): 500 steps, H = 50) in the one-process reference,
+    # which the processes match to 1e-5 (test above).
+    ddp, diloco = (simulate_diloco(m, DiLoCoConfig(), 4)["final_loss"] for m in ("ddp", "diloco"))
+    assert diloco <= 1.05 * ddp, (diloco, ddp)
 
 
 def test_check_outer_step_accepts_rejects_and_refuses_the_shortcut():
