@@ -8,6 +8,7 @@ benchmark turns a command line into a call of its module and prints a table (or 
     python -m ddnb.bench ps --emulate 10gbe --workers 1,2,4,8            # ddnb.bench.ps
     python -m ddnb.bench pipeline --schedules 1f1b,zbh1,zbv --emulate ib # ddnb.bench.pipeline
     python -m ddnb.bench plan --paper megatron2021 --json                # ddnb.bench.plan (formulas only)
+    python -m ddnb.bench diloco --workers 4 --link 0.1 --json            # ddnb.bench.diloco
 
 Taught in `notebooks/05_allreduce.ipynb` and `notebooks/06_data_parallelism.ipynb` (`ps` in
 `notebooks/04_parameter_server.ipynb`, `pipeline` in `notebooks/09_pipeline_parallelism.ipynb`
@@ -20,7 +21,7 @@ import json
 import sys
 
 from ddnb.bench import allreduce as ar
-from ddnb.bench import plan, ps
+from ddnb.bench import diloco, plan, ps
 from ddnb.bench.allreduce import ALLREDUCE_ALGORITHMS, GB, format_size, format_time, parse_sizes
 from ddnb.bench.args import (_at_least, _ints, _load, _names, _sizes, add_emulate_arguments, emulated,
                              run_without_overruns)
@@ -107,6 +108,7 @@ def build_parser(prog: str = "python -m ddnb.bench") -> argparse.ArgumentParser:
     _add_compress_parser(sub)
     ps.add_parser(sub)
     plan.add_parser(sub)
+    diloco.add_parser(sub)
     return parser
 
 

@@ -20,6 +20,8 @@ goes through `ddnb.collectives.p2p`, so every byte is in the trace.
     hogwild.py     Hogwild! (Recht et al. 2011): lock-free updates of shared memory, conflict rate
     cost.py        the bytes each method sends and receives, as formulas
     reference.py   every method simulated in one process (what the tests compare with)
+    diloco.py      DiLoCo (Douillard et al. 2023) and streaming DiLoCo (2025) against DDP, with their
+                   one-process reference simulate_diloco; markov.py: their task (a Markov chain's tokens)
 
 Taught in `notebooks/05b_decentralized.ipynb`.
 """
@@ -27,6 +29,8 @@ from ddnb.decentralized.adpsgd import matching, train_adpsgd
 from ddnb.decentralized.config import ORDERS, DecentralizedConfig
 from ddnb.decentralized.cost import METHODS, per_step, ring_allreduce_bytes, run_bytes
 from ddnb.decentralized.decentralized_ps import train_decentralized_ps
+from ddnb.decentralized.diloco import (DiLoCoConfig, outer_step, simulate_diloco, sync_schedule, train_diloco,
+                                       train_streaming_diloco)
 from ddnb.decentralized.dpsgd import train_dpsgd
 from ddnb.decentralized.easgd import train_easgd
 from ddnb.decentralized.gossip import consensus_distance, gossip, mean_params, start_gossip
@@ -38,7 +42,8 @@ from ddnb.decentralized.topology import (TOPOLOGIES, Topology, check_mixing, com
 TRAIN = {"allreduce_sgd": train_allreduce_sgd, "local_sgd": train_local_sgd, "dpsgd": train_dpsgd,
          "adpsgd": train_adpsgd, "easgd": train_easgd, "decentralized_ps": train_decentralized_ps}
 
-__all__ = ["DecentralizedConfig", "METHODS", "ORDERS", "SIMULATED", "TOPOLOGIES", "TRAIN", "Topology",
+__all__ = ["DiLoCoConfig", "outer_step", "simulate_diloco", "sync_schedule", "train_diloco",
+           "train_streaming_diloco", "DecentralizedConfig", "METHODS", "ORDERS", "SIMULATED", "TOPOLOGIES", "TRAIN", "Topology",
            "averages_after", "check_mixing", "complete", "consensus_distance", "exponential", "from_matrix",
            "gossip", "matching", "mean_params", "metropolis_hastings", "per_step", "ring", "ring_allreduce_bytes",
            "run_bytes", "simulate", "spectral_gap", "start_gossip", "topology", "torus", "train_adpsgd",

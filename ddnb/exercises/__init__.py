@@ -35,6 +35,7 @@ from ddnb.exercises.data_parallel import check_comm_hook
 from ddnb.exercises.data_pipeline import check_bound, check_rank_spans, check_read_bandwidth
 from ddnb.exercises.elastic import check_remaining_indices
 from ddnb.exercises.edition import solution
+from ddnb.exercises.diloco import check_outer_step
 from ddnb.exercises.dpsgd import check_dpsgd
 from ddnb.exercises.fit import check_fit
 from ddnb.exercises.fusion import check_fusion
@@ -64,7 +65,8 @@ __all__ = ["attempted", "check_1f1b", "check_accumulation_calls", "check_allredu
            "check_dropped_tokens", "check_fit", "check_fusion", "check_partition", "check_pipeline_loop",
            "check_flops_per_token", "check_gossip_step", "check_merge", "check_powersgd_bytes",
            "check_prediction", "check_ps_step", "check_rank_spans", "check_read_bandwidth",
-           "check_remaining_indices", "check_ring_attention", "check_ring_shift", "check_spectral_gap",
+           "check_remaining_indices", "check_outer_step", "check_ring_attention", "check_ring_shift",
+           "check_spectral_gap",
            "check_sum_over_ranks",
            "check_task_map", "check_topk_error_feedback", "check_ulysses_bytes", "check_zbh1", "close_worlds",
            "compare",
