@@ -171,6 +171,33 @@ class ProcessGrid:
                                "initialized, or build_groups=False)")
         return self._groups[axis]
 
+    def ranks_over(self, axes, rank: int | None = None) -> list[int]:
+        """The global ranks that share `rank`'s coordinates on every axis but `axes` (a
+        tuple of axes), in rank order: ranks_over(("dp", "cp")) are the ranks that hold the
+        same parameters when both the batch and the sequence are split (ZeRO and the
+        gradient all-reduce run over them, Megatron-core's "dp-cp" group)."""
+        for axis in axes:
+            self._check_axis(axis)
+        c = self.coords(rank)._asdict()
+        return sorted(r for r in range(self.world_size)
+                      if all(v == c[a] for a, v in self.coords(r)._asdict().items() if a not in axes))
+
+    def group_over(self, axes):
+        """This rank's torch.distributed group of `ranks_over(axes)`; one axis is `group`'s.
+        Several axes' groups are made on the first call, on every rank, so call it on every
+        rank at the same point (dist.new_group's rule)."""
+        axes = tuple(a for a in axes if self.sizes.get(a, 0) > 1) or tuple(axes)[:1]   # size-1 axes add no rank
+        if len(axes) == 1:
+            return self.group(axes[0])
+        if axes not in self._groups:
+            if not self._groups:
+                self.group(axes[0])                      # says why there are no groups
+            for ranks in sorted({tuple(self.ranks_over(axes, r)) for r in range(self.world_size)}):
+                group = dist.new_group(list(ranks))
+                if self.rank in ranks:
+                    self._groups[axes] = group
+        return self._groups[axes]
+
     def _check_axis(self, axis: str) -> None:
         if axis not in AXES:
             raise ValueError(f"axis={axis!r} is not one of {AXES}")
