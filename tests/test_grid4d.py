@@ -4,7 +4,7 @@ one process on the same global batch (Narayanan et al. 2021, Sec. 2.3 and 3).
 One World of 16 ranks runs every layout in turn (the ProcessGrid and its groups made
 anew each time). In the default run: every feasible dp x pp x tp x cp grid of 16
 workers, each with one of the eight (ZeRO stage, checkpointing) pairs in turn and
-GPipe on every third, plus all eight pairs on dp2 x pp2 x tp2 x cp2 and two SGD runs
+GPipe on every third, plus three more pairs on dp2 x pp2 x tp2 x cp2 and two SGD runs
 (Adam's g/sqrt(v) hides a wrong gradient scale; SGD shows it). DDNB_GRID4D_ALL=1 adds
 every grid x every ZeRO stage x checkpointing on and off (minutes on 2 cores)."""
 import os
@@ -120,8 +120,10 @@ def test_every_16_worker_grid_trains_to_the_one_process_loss(world16):
     assert max(diffs.values()) < TOL, {k: d for k, d in diffs.items() if d >= TOL}
 
 
-def test_every_zero_stage_and_checkpointing_on_2x2x2x2(world16):
-    layouts = [Layout(2, 2, 2, 2, z, c, 2) for z, c in PAIRS] + [Layout(2, 2, 2, 2, 3, True, 4, "gpipe")]
+def test_more_zero_stages_on_2x2x2x2(world16):
+    """With the sweep's (zero 2) the four ZeRO stages, checkpointing on and off, both schedules."""
+    layouts = [Layout(2, 2, 2, 2, 0, True, 2), Layout(2, 2, 2, 2, 1, False, 2, "gpipe"),
+               Layout(2, 2, 2, 2, 3, True, 4)]
     diffs = _max_diff(world16, layouts)
     print("\n" + "\n".join(f"{d:.2e}  {k}" for k, d in diffs.items()))
     assert max(diffs.values()) < TOL, diffs

@@ -128,7 +128,8 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
     model = shard_gpt(grid, config, layout, seed, tracer)
     rows, cols = batch_size // layout.dp, config.seq_len // layout.cp  # (B/dp, S/cp) on this rank
     stage = PipelineStage(model, m, (rows, cols), group=grid.group("pp"), tracer=tracer,
-                          boundaries=stage_boundaries(config.n_layers, layout.pp))
+                          boundaries=stage_boundaries(config.n_layers, layout.pp),
+                          activation=((rows // m, cols, config.d_model), torch.float32))   # (b, S/cp, d)
     schedule = get_schedule(layout.schedule, layout.pp, m)
     if layout.zero:
         opt = ZERO[layout.zero](stage.module, lr=lr, group=grad_group, tracer=tracer)
