@@ -21,7 +21,9 @@ ZeRO-3 with pp > 1 runs (each micro-batch's forward and backward all-gather the 
 parameters again, m times the gathers of pp = 1; `ddnb.cost.layout` prices it the same
 way), which is why DeepSpeed refuses the combination for large m; here it is allowed.
 `Layout.from_plan` reads a row of `ddnb.cost.planner.plan` (or its `Layout`), so the
-planner's top layouts can be trained. Taught in `notebooks/16_capstone.ipynb`.
+planner's top layouts can be trained. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
+written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
+`notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
 """
 from __future__ import annotations
 

@@ -30,8 +30,9 @@ Rank (dp, pp, tp, cp) of the grid:
      (`allreduce_gradients`, zero=0) or ZeRO-1/2/3 over the group (ddnb.sharding,
      Rajbhandari et al. 2020), which reduce-scatter, step a shard and all-gather.
 The step's loss is the global batch's lm_loss, summed over the last stage's dp·cp ranks
-and sent to every stage, so every rank returns the same list. Taught in
-`notebooks/16_capstone.ipynb`.
+and sent to every stage, so every rank returns the same list. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
+written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
+`notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
 """
 from __future__ import annotations
 
