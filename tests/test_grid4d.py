@@ -4,8 +4,9 @@ one process on the same global batch (Narayanan et al. 2021, Sec. 2.3 and 3).
 One World of 16 ranks runs every layout in turn (the ProcessGrid and its groups made
 anew each time). In the default run: every feasible dp x pp x tp x cp grid of 16
 workers, each with one of the eight (ZeRO stage, checkpointing) pairs in turn and
-GPipe on every third, plus three more pairs on dp2 x pp2 x tp2 x cp2 and two SGD runs
-(Adam's g/sqrt(v) hides a wrong gradient scale; SGD shows it). DDNB_GRID4D_ALL=1 adds
+GPipe on every third, plus ZeRO-3 with checkpointing over 4 micro-batches on
+dp2 x pp2 x tp2 x cp2 and one SGD run there (Adam's g/sqrt(v) hides a wrong gradient
+scale; SGD shows it). DDNB_GRID4D_ALL=1 adds
 every grid x every ZeRO stage x checkpointing on and off (minutes on 2 cores)."""
 import os
 from dataclasses import asdict
@@ -120,17 +121,15 @@ def test_every_16_worker_grid_trains_to_the_one_process_loss(world16):
     assert max(diffs.values()) < TOL, {k: d for k, d in diffs.items() if d >= TOL}
 
 
-def test_more_zero_stages_on_2x2x2x2(world16):
-    """With the sweep's (zero 2) the four ZeRO stages, checkpointing on and off, both schedules."""
-    layouts = [Layout(2, 2, 2, 2, 0, True, 2), Layout(2, 2, 2, 2, 1, False, 2, "gpipe"),
-               Layout(2, 2, 2, 2, 3, True, 4)]
-    diffs = _max_diff(world16, layouts)
+def test_zero3_with_checkpointing_and_more_microbatches_on_2x2x2x2(world16):
+    diffs = _max_diff(world16, [Layout(2, 2, 2, 2, 3, True, 4)])
     print("\n" + "\n".join(f"{d:.2e}  {k}" for k, d in diffs.items()))
     assert max(diffs.values()) < TOL, diffs
 
 
 def test_sgd_shows_the_gradient_scale(world16):
-    diffs = _max_diff(world16, [Layout(2, 2, 2, 2, 0, False, 2), Layout(4, 1, 2, 2, 0, True, 1)], "sgd", SGD_LR)
+    """A gradient 2x too large moves this step-2 loss by 0.027 under SGD(lr=1), by ~0 under Adam."""
+    diffs = _max_diff(world16, [Layout(2, 2, 2, 2, 0, False, 2)], "sgd", SGD_LR)
     print("\n" + "\n".join(f"{d:.2e}  {k}" for k, d in diffs.items()))
     assert max(diffs.values()) < TOL, diffs
 

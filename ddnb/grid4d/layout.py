@@ -17,9 +17,11 @@ Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.3
     zero > 0 needs dp · cp > 1         ZeRO shards over the dp·cp ranks that hold the same
                                        parameters; over one rank it shards nothing
 
-ZeRO-3 with pp > 1 runs (each micro-batch's forward and backward all-gather the stage's
-parameters again, m times the gathers of pp = 1; `ddnb.cost.layout` prices it the same
-way), which is why DeepSpeed refuses the combination for large m; here it is allowed.
+ZeRO-2 and ZeRO-3 with pp > 1 run and are allowed: each micro-batch's backward
+reduce-scatters the stage's gradients (ZeroStage2 adds them into the shard), and under
+ZeRO-3 each micro-batch's forward and backward all-gather the parameters again, m times
+the traffic of pp = 1 (`ddnb.cost.layout` prices it the same way). That traffic is why
+DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; at this size it costs little.
 `Layout.from_plan` reads a row of `ddnb.cost.planner.plan` (or its `Layout`), so the
 planner's top layouts can be trained. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
 written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,

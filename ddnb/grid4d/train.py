@@ -29,8 +29,9 @@ Rank (dp, pp, tp, cp) of the grid:
      coordinates, the same parameter shard) and steps Adam: an all-reduce
      (`allreduce_gradients`, zero=0) or ZeRO-1/2/3 over the group (ddnb.sharding,
      Rajbhandari et al. 2020), which reduce-scatter, step a shard and all-gather.
-The step's loss is the global batch's lm_loss, summed over the last stage's dp·cp ranks
-and sent to every stage, so every rank returns the same list. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
+The step's loss is the global batch's lm_loss: one all-reduce over the world sums the
+last stage's shares (each of its tp ranks holds the same one), so every rank returns
+the same list. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
 written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
 `notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
 """
@@ -153,7 +154,6 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
             allreduce_gradients(stage.module, grad_group, tracer)       # mean over the dp·cp ranks
             opt.step()
         total = torch.tensor([result.loss if result.loss is not None else 0.0])
-        dist.all_reduce(total, group=grad_group)                       # Σ over dp·cp: G x the loss
-        dist.all_reduce(total, group=grid.group("pp"))                 # from the last stage to all
-        losses.append(total.item() / g)
+        dist.all_reduce(total)                # Σ over the last stage's tp·dp·cp ranks: tp·G x the loss, on all
+        losses.append(total.item() / (layout.tp * g))
     return {"losses": losses, "stage": stage, "optimizer": opt}
