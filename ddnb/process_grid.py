@@ -198,6 +198,14 @@ class ProcessGrid:
                     self._groups[axes] = group
         return self._groups[axes]
 
+    def destroy_groups(self) -> None:
+        """Destroy this rank's process groups (dist.destroy_process_group): a program that
+        builds many grids in one world (a test running layout after layout) would
+        otherwise keep every one, with their gloo threads and connections, and slow down."""
+        for group in set(self._groups.values()):
+            dist.destroy_process_group(group)
+        self._groups.clear()
+
     def _check_axis(self, axis: str) -> None:
         if axis not in AXES:
             raise ValueError(f"axis={axis!r} is not one of {AXES}")

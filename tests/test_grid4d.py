@@ -36,7 +36,10 @@ def _train(layout: dict, optimizer: str, lr: float):
 
     lay = Layout(**layout)
     grid = ProcessGrid(dp=lay.dp, pp=lay.pp, tp=lay.tp, cp=lay.cp)
-    return train_4d(grid, CONFIG, lay, steps=STEPS, batch_size=BATCH, lr=lr, optimizer=optimizer)["losses"]
+    try:
+        return train_4d(grid, CONFIG, lay, steps=STEPS, batch_size=BATCH, lr=lr, optimizer=optimizer)["losses"]
+    finally:
+        grid.destroy_groups()                            # else ~5 gloo groups a layout pile up on every rank
 
 
 def _max_diff(world, layouts, optimizer="adam", lr=LR) -> dict:
