@@ -67,10 +67,13 @@ class ProcessGrid:
 
     world_size / rank default to torch.distributed's; the groups are built (on every
     rank, in the same order) only when torch.distributed is initialized and
-    `build_groups` is True."""
+    `build_groups` is True, each by `new_group(ranks)` (default dist.new_group; a
+    program that builds grid after grid in one world can pass one that reuses the groups
+    of the same ranks: torch never frees a gloo group's threads)."""
 
     def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, world_size: int | None = None,
-                 rank: int | None = None, build_groups: bool = True, cp: int = 1, ep: int = 1):
+                 rank: int | None = None, build_groups: bool = True, cp: int = 1, ep: int = 1,
+                 new_group=None):
         sizes = {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}
         initialized = dist.is_available() and dist.is_initialized()
         if world_size is None and initialized:
@@ -94,6 +97,7 @@ class ProcessGrid:
                                f"rank({rank!r}) is not in [0, world_size({world_size})): a rank is an int")
         self.sizes, self.world_size, self.rank = sizes, world_size, rank
         self._groups: dict = {}
+        self._new_group = dist.new_group if new_group is None else new_group
         if build_groups and initialized:
             if world_size != dist.get_world_size():
                 raise ValueError(f"world_size({world_size}) differs from torch.distributed's "
@@ -102,7 +106,7 @@ class ProcessGrid:
                 if axis in ("cp", "ep") and sizes[axis] == 1:
                     continue                                # unused: N one-rank groups cost ~1 s each on gloo
                 for ranks in self.all_ranks(axis):
-                    group = dist.new_group(ranks)
+                    group = self._new_group(ranks)
                     if rank in ranks:
                         self._groups[axis] = group
 
@@ -170,6 +174,33 @@ class ProcessGrid:
             raise RuntimeError("this ProcessGrid built no process groups (torch.distributed was not "
                                "initialized, or build_groups=False)")
         return self._groups[axis]
+
+    def ranks_over(self, axes, rank: int | None = None) -> list[int]:
+        """The global ranks that share `rank`'s coordinates on every axis but `axes` (a
+        tuple of axes), in rank order: ranks_over(("dp", "cp")) are the ranks that hold the
+        same parameters when both the batch and the sequence are split (ZeRO and the
+        gradient all-reduce run over them, Megatron-core's "dp-cp" group)."""
+        for axis in axes:
+            self._check_axis(axis)
+        c = self.coords(rank)._asdict()
+        return sorted(r for r in range(self.world_size)
+                      if all(v == c[a] for a, v in self.coords(r)._asdict().items() if a not in axes))
+
+    def group_over(self, axes):
+        """This rank's torch.distributed group of `ranks_over(axes)`; one axis is `group`'s.
+        Several axes' groups are made on the first call, on every rank, so call it on every
+        rank at the same point (dist.new_group's rule)."""
+        axes = tuple(a for a in axes if self.sizes.get(a, 0) > 1) or tuple(axes)[:1]   # size-1 axes add no rank
+        if len(axes) == 1:
+            return self.group(axes[0])
+        if axes not in self._groups:
+            if not self._groups:
+                self.group(axes[0])                      # says why there are no groups
+            for ranks in sorted({tuple(self.ranks_over(axes, r)) for r in range(self.world_size)}):
+                group = self._new_group(list(ranks))
+                if self.rank in ranks:
+                    self._groups[axes] = group
+        return self._groups[axes]
 
     def _check_axis(self, axis: str) -> None:
         if axis not in AXES:

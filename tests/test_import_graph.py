@@ -15,7 +15,8 @@ LAYERS = [   # (layer, module prefixes); the longest prefix decides a module's l
     ("emulator", ["ddnb.emulate", "ddnb.timing"]),
     ("algorithms", ["ddnb.data_parallel", "ddnb.parameter_server", "ddnb.decentralized", "ddnb.pipeline_parallel",
                     "ddnb.tensor_parallel", "ddnb.context_parallel", "ddnb.expert_parallel", "ddnb.sharding",
-                    "ddnb.compression", "ddnb.data_pipeline", "ddnb.tasks", "ddnb.search", "ddnb.throughput"]),
+                    "ddnb.compression", "ddnb.data_pipeline", "ddnb.tasks", "ddnb.search", "ddnb.throughput",
+                    "ddnb.grid4d"]),
     ("cost", ["ddnb.cost"]),
     ("runtime", ["ddnb.runtime", "ddnb.testing", "ddnb.launch", "ddnb.elastic"]),
     ("bench", ["ddnb.bench", "ddnb.memory_timeline"]),   # memory_timeline runs pipelines and ZeRO on workers

@@ -81,11 +81,14 @@ class PipelineStage:
     `chunks` defaults to the placement's chunks per rank. Its messages go to the ranks
     that hold the neighbouring virtual stages (`prev_rank`, `next_rank`: None at either
     end of the model; this rank's own at the V's turn). `build_stages` makes a rank's
-    stages for a schedule."""
+    stages for a schedule. `activation`: the (shape, dtype) of one micro-batch's tensor
+    between any two stages where the caller knows it, e.g. ((b, T, d), torch.float32);
+    it skips the zero forward, which would communicate where the layers do (a
+    tensor-parallel layer all-reduces, ddnb.grid4d)."""
 
     def __init__(self, model: nn.Sequential, microbatches: int, batch_shape, input_dtype=torch.long,
                  group=None, boundaries=None, tracer: Tracer | None = None, device=None,
-                 chunk: int = 0, chunks: int | None = None, placement=None):
+                 chunk: int = 0, chunks: int | None = None, placement=None, activation=None):
         batch_shape = tuple(batch_shape)
         self.microbatch_size = check_microbatches(batch_shape[0] if batch_shape else 0, microbatches)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -118,8 +121,13 @@ class PipelineStage:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.module = model[self.start:self.end]
         mb_shape = (self.microbatch_size,) + batch_shape[1:]
-        self.recv_shape, self.recv_dtype, self.send_shape, self.send_dtype = _boundary_meta(
-            model, self.start, self.end, mb_shape, input_dtype, self.device)
+        if activation is not None:                      # given: no forward here
+            shape, dtype = tuple(activation[0]), activation[1]
+            self.recv_shape, self.recv_dtype = (mb_shape, input_dtype) if self.start == 0 else (shape, dtype)
+            self.send_shape, self.send_dtype = shape, dtype
+        else:
+            self.recv_shape, self.recv_dtype, self.send_shape, self.send_dtype = _boundary_meta(
+                model, self.start, self.end, mb_shape, input_dtype, self.device)
         self.reset()
 
     # ------------------------------------------------------------------ state of one step

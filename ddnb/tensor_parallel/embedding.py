@@ -101,15 +101,20 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits, targets, group=None, ignore_index: int = IGNORE,
-                                 tracer: Tracer | None = None):
+                                 tracer: Tracer | None = None, reduction: str = "mean"):
     """Mean cross-entropy over the targets != ignore_index, from this rank's logit slice.
     logits (..., V/t), targets (...) int64 in [0, V) or ignore_index -> scalar, equal to
-    F.cross_entropy(full_logits, targets, ignore_index=ignore_index)."""
+    F.cross_entropy(full_logits, targets, ignore_index=ignore_index). reduction="sum": the
+    sum instead (0 when every target is ignored), for a caller that divides by a count over
+    several ranks (a sequence shard of context parallelism may score no target at all)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction={reduction!r} is not one of ['mean', 'sum']")
     z = logits.reshape(-1, logits.shape[-1])                             # (N, V/t)
     y = targets.reshape(-1)                                              # (N,)
     keep = y != ignore_index
     per_token = _VocabParallelCrossEntropy.apply(z, y.masked_fill(~keep, 0), group, tracer)   # (N,)
-    return (per_token * keep).sum() / keep.sum()
+    total = (per_token * keep).sum()
+    return total if reduction == "sum" else total / keep.sum()
 
 
 def gathered_cross_entropy(logits, targets, group=None, ignore_index: int = IGNORE,

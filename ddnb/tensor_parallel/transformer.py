@@ -69,13 +69,18 @@ def qkv_shard_order(d_model: int, n_heads: int, tp: int) -> torch.Tensor:
 
 
 class TensorParallelAttention(nn.Module):
-    """Causal self-attention with nh/t heads on each rank: (B, T, d) -> (B, T, d)."""
+    """Causal self-attention with nh/t heads on each rank: (B, T, d) -> (B, T, d).
 
-    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_heads: int):
+    `attend(q, k, v)` (B, nh/t, T, hs) x 3 -> (B, nh/t, T, hs) is the attention itself:
+    ddnb.models.causal_attention by default; context parallelism puts ring attention over
+    the sequence shards here (ddnb.grid4d), the heads staying split as they are."""
+
+    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_heads: int, attend=causal_attention):
         super().__init__()
         self.qkv, self.proj = qkv, proj
         self.n_heads = n_heads                               # all heads; this rank has n_heads / t
         self.local_heads = n_heads // qkv.tp
+        self.attend = attend
 
     @classmethod
     def from_module(cls, attn, group=None, tracer: Tracer | None = None) -> "TensorParallelAttention":
@@ -95,7 +100,7 @@ class TensorParallelAttention(nn.Module):
         q, k, v = self.qkv(x).split(n, dim=2)                # 3 x (B, T, d/t); f inside qkv
         q, k, v = (t.view(B, T, self.local_heads, n // self.local_heads).transpose(1, 2)
                    for t in (q, k, v))                       # (B, nh/t, T, hs)
-        y = causal_attention(q, k, v)                        # (B, nh/t, T, hs): heads are independent
+        y = self.attend(q, k, v)                             # (B, nh/t, T, hs): heads are independent
         y = y.transpose(1, 2).contiguous().view(B, T, n)     # (B, T, d/t): my heads side by side
         return self.proj(y)                                  # (B, T, d); g inside proj
 
