@@ -214,3 +214,19 @@ class ProcessGrid:
     def table(self) -> list[dict]:
         """One row per rank: {"rank", "dp", "pp", "tp", "cp", "ep"} (for printing the layout)."""
         return [{"rank": r, **self.coords(r)._asdict()} for r in range(self.world_size)]
+
+
+_REUSED: dict = {}   # per process: ranks -> its group, for grid after grid in one world
+
+
+def reused_group(ranks):
+    """dist.new_group(ranks) the first time this process asks for these ranks, the same
+    group after: pass it as ProcessGrid(new_group=reused_group) to build grid after grid in
+    one world (the capstone's layouts, its tests). torch never frees a gloo group's threads
+    (destroying one keeps them), so ~5 new groups a layout on 16 ranks made every later
+    layout slower (9 more threads per rank a layout). Every rank must ask for the same ranks
+    in the same order, as for dist.new_group; the default group's world must not change."""
+    key = tuple(ranks)
+    if key not in _REUSED:
+        _REUSED[key] = dist.new_group(list(ranks))
+    return _REUSED[key]

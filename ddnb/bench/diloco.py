@@ -67,7 +67,7 @@ def _rank_run(method: str, config) -> dict:
 
 
 def diloco_benchmark(workers: int = 4, links=(0.1,), config=None, slowdown: float | None = None,
-                     timeout: float = 600, methods=METHODS, say=print) -> list[dict]:
+                     timeout: float = 600, methods=METHODS) -> list[dict]:
     """The rows (see the module docstring) for each link (GB/s) and method, on one World."""
     from ddnb.bench.compress_links import link_profile
     from ddnb.decentralized.diloco import DiLoCoConfig

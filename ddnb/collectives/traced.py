@@ -4,7 +4,7 @@ emulated cluster), so the events of data parallelism, tensor and sequence parall
 compression sit on one time axis with the from-scratch algorithms' messages.
 
     all_reduce(t, group, tracer, name, op=SUM, **fields)     in place; returns t
-    all_gather(t, group, tracer, name, **fields)             (N, *t.shape), rank order
+    all_gather(t, group, tracer, name, out=None, **fields)   (N, *t.shape), rank order
     reduce_scatter(chunks, group, tracer, name, **fields)    this rank's chunk of the sum
     barrier(group, tracer, name)
     broadcast(t, src, group, tracer, name)                   rank src's t on every rank, in place
@@ -58,12 +58,13 @@ def all_reduce(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, n
 
 
 def all_gather(tensor: torch.Tensor, group=None, tracer: Tracer | None = None, name: str = "all_gather",
-               as_op: str = "all_gather", **fields) -> torch.Tensor:
+               as_op: str = "all_gather", out: torch.Tensor | None = None, **fields) -> torch.Tensor:
     """Every rank's `tensor`, stacked in rank order: (N, *tensor.shape); traced (nbytes: this
-    rank's tensor)."""
+    rank's tensor). `out`: a flat (N·S,) buffer to gather into (ZeRO's flat parameters)."""
     n = dist.get_world_size(group)
     src = tensor.contiguous()
-    out = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)   # (N·S,)
+    if out is None:
+        out = torch.empty(n * src.numel(), dtype=src.dtype, device=src.device)   # (N·S,)
     start = now()
     (_EMULATED.get("all_gather") or (lambda o, t, g: all_gather_single(o, t, group=g)))(out, src.reshape(-1), group)
     get_tracer(tracer).record("collective", name, start, now(), nbytes=_nbytes(tensor), op=as_op, **fields)

@@ -43,7 +43,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddnb.collectives import traced
 from ddnb.context_parallel.ring_attention import ring_attention
+from ddnb.emulate import uncounted
 from ddnb.grid4d.layout import Layout
 from ddnb.models import IGNORE, GPTConfig, gpt, synthetic_task
 from ddnb.pipeline_parallel.executor import run_schedule
@@ -56,7 +58,7 @@ from ddnb.sharding.zero3 import ZeroStage3
 from ddnb.tensor_parallel.embedding import vocab_parallel_cross_entropy
 from ddnb.tensor_parallel.hybrid import _optimizer, allreduce_gradients, train_reference  # noqa: F401 (re-exported)
 from ddnb.tensor_parallel.transformer import TensorParallelGPT
-from ddnb.trace import Tracer
+from ddnb.trace import Tracer, now
 
 ZERO = {1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
@@ -116,8 +118,10 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
     `layout` on `grid` (a ProcessGrid with the layout's dp, pp, tp, cp). Call it on every
     rank. optimizer="sgd" (zero 0 only: ddnb's ZeRO steps Adam) makes a wrong gradient
     scale visible, which Adam's g/√v hides. Returns {"losses": the global-batch loss per
-    step, the same on every rank, "stage": this rank's PipelineStage, "optimizer": the
-    ZeRO wrapper or torch's optimizer}."""
+    step, the same on every rank, "step_times": this rank's seconds per step, from a
+    barrier that aligns the ranks (their emulated clocks, in an emulated cluster) to its
+    optimizer step, "stage": this rank's PipelineStage, "optimizer": the ZeRO wrapper or
+    torch's optimizer}."""
     layout.validate(config, grid.world_size, batch_size)                # before any collective
     if optimizer not in ("adam", "sgd") or (optimizer == "sgd" and layout.zero):
         raise ValueError(f"optimizer={optimizer!r}: need 'adam', or 'sgd' with zero 0 (got zero {layout.zero})")
@@ -137,7 +141,7 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
         opt = ZERO[layout.zero](stage.module, lr=lr, group=grad_group, tracer=tracer)
     else:
         opt = _optimizer(stage.module.parameters(), optimizer, lr)
-    tp_group, losses = grid.group("tp"), []
+    tp_group, losses, step_times = grid.group("tp"), [], []
     for idx, targets in synthetic_task(config, batch_size=batch_size, steps=steps, seed=seed):   # (B, S) each
         scored = int((targets != IGNORE).sum())                          # N: the global batch's
         scale = g * m / scored                                           # PipelineStage divides by m
@@ -146,6 +150,8 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
             return vocab_parallel_cross_entropy(logits, target, tp_group, tracer=tracer, reduction="sum") * scale
 
         mine = (slice(me.dp * rows, (me.dp + 1) * rows), slice(me.cp * cols, (me.cp + 1) * cols))
+        traced.barrier()                                                 # the step starts together
+        start = now()
         opt.zero_grad()
         result = run_schedule(stage, schedule, inputs=idx[mine], targets=targets[mine], loss_fn=loss_fn)
         if layout.zero:
@@ -153,7 +159,9 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
         else:
             allreduce_gradients(stage.module, grad_group, tracer)       # mean over the dp·cp ranks
             opt.step()
+        step_times.append(now() - start)
         total = torch.tensor([result.loss if result.loss is not None else 0.0])
-        dist.all_reduce(total)                # Σ over the last stage's tp·dp·cp ranks: tp·G x the loss, on all
+        with uncounted():                     # reporting the loss is not part of the step
+            dist.all_reduce(total)            # Σ over the last stage's tp·dp·cp ranks: tp·G x the loss, on all
         losses.append(total.item() / (layout.tp * g))
-    return {"losses": losses, "stage": stage, "optimizer": opt}
+    return {"losses": losses, "step_times": step_times, "stage": stage, "optimizer": opt}

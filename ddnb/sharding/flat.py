@@ -23,7 +23,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ddnb._checks import Checks
-from ddnb.compat import all_gather_single
+from ddnb.collectives import traced
+from ddnb.trace import Tracer
+
+UNTRACED = Tracer(enabled=False)   # the traced layer times (and, emulated, models) ZeRO's collectives;
+                                   # the ZeRO classes record their own events, with the unit's name
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -117,4 +121,4 @@ class FlatUnit:
         storage = self.flat.untyped_storage()
         if storage.nbytes() == 0:
             storage.resize_(self.padded_numel * self.flat.element_size())
-        all_gather_single(self.flat, shard.detach(), group=group)             # (N·S,) <- N x (S,)
+        traced.all_gather(shard.detach(), group=group, tracer=UNTRACED, out=self.flat)   # (N·S,) <- N x (S,)

@@ -37,17 +37,16 @@ what this rank really holds. Taught in `notebooks/11_memory_sharding.ipynb`.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddnb._checks import Checks, is_number
-from ddnb.compat import reduce_scatter_single
+from ddnb.collectives import traced
 from ddnb.memory import tensor_bytes
-from ddnb.sharding.flat import FlatUnit, check_units, default_units
-from ddnb.trace import Tracer, get_tracer
+from ddnb.sharding.flat import UNTRACED, FlatUnit, check_units, default_units
+from ddnb.trace import Tracer, get_tracer, now
 
 RING_PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}   # phases of (N-1) chunks of S each
 
@@ -132,15 +131,15 @@ class ZeroStage1(nn.Module):
     # --- the two collectives, counted (Sec. 7.2.1) -----------------------------------------
     def _reduce_scatter(self, u: FlatUnit, g: torch.Tensor) -> torch.Tensor:
         """g (N·S,): this rank's gradient of unit u -> (S,) the mean over ranks of my slice."""
-        mine = torch.empty(u.shard_numel, dtype=g.dtype, device=g.device)   # (S,)
-        start = time.time()
-        reduce_scatter_single(mine, g, group=self.group)               # Σ_r my slice of grad_r
+        start = now()
+        mine = traced.reduce_scatter(list(g.view(self.world_size, -1)), group=self.group,   # (S,):
+                                     tracer=UNTRACED)                  # Σ_r my slice of grad_r
         self._count("reduce_scatter", u, g, start)
         return mine.div_(self.world_size)                              # the data-parallel mean
 
     def _all_gather(self, u: FlatUnit, shard: torch.Tensor) -> None:
         """Every rank's (S,) shard of unit u -> its full flat parameters (N·S,)."""
-        start = time.time()
+        start = now()
         u.gather_full(shard, self.group)
         self._count("all_gather", u, u.flat, start)
 
@@ -148,7 +147,7 @@ class ZeroStage1(nn.Module):
         nbytes = full.numel() * full.element_size()                    # the (N·S,) buffer
         sent = ring_bytes_sent(collective, nbytes, self.world_size)
         self.sent_bytes[collective] += sent
-        get_tracer(self.tracer).record("collective", f"{collective} {u.name}", start, time.time(),
+        get_tracer(self.tracer).record("collective", f"{collective} {u.name}", start, now(),
                                        nbytes=nbytes, sent=sent, unit=u.name, stage=self.stage)
 
     # --- the training API -----------------------------------------------------------------
