@@ -268,6 +268,9 @@ ALLOWED: list[tuple[str, str, str]] = [
      "section 2's illustrative round numbers, stated as not measurements: link and device specs, ResNet-50's "
      "published size and FLOPs, an assumed 40% MFU"),
     ("12", r"3,456", "Mikami et al. 2018 trained on 3,456 GPUs: a citation"),
+    ("16", r"6\.7 B", "the stated model, GPT-3 6.7B's shape (Brown et al. 2020, Table 2.1): 32 blocks of 12·4096² plus "
+                      "51,200·4096 embeddings, about 6.6e9 parameters: an input"),
+    ("16", r"312 TFLOP/s|200 Gb/s", "the A100's bf16 peak and an HDR InfiniBand link, the paper's hardware: specs"),
 ]
 
 

@@ -13,7 +13,7 @@ rank's emulated seconds, and the run's overruns (0: every time is the model's).
     python -m ddnb.bench diloco --workers 4 --link 0.1 --json
     python -m ddnb.bench diloco --link 0.1,10 --inner-steps 50 --fragments 4 --bf16
 
-Taught in `notebooks/16_capstone.ipynb`.
+Taught in `notebooks/16b_slow_link.ipynb`.
 """
 from __future__ import annotations
 

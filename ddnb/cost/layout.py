@@ -55,7 +55,7 @@ whatever the GEMMs' sizes: the micro-batch size changes memory, messages and the
 here, not the rate of compute (Narayanan et al. 2021, Fig. 7, measure up to 1.3x from it
 on one GPU). Sources: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models"; Liu et al. 2023, "Ring Attention with Blockwise Transformers".
-Not yet taught in a notebook: it combines `notebooks/11_memory_sharding.ipynb` (memory)
+Taught in `notebooks/16_capstone.ipynb`; it combines `notebooks/11_memory_sharding.ipynb` (memory)
 and `notebooks/12_scalability.ipynb` (cost).
 """
 from __future__ import annotations

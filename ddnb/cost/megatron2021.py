@@ -40,7 +40,7 @@ non-interleaved 64-stage pipeline also pays an 11% bubble in the model); the mea
 a narrow band: the target holds for EFFICIENCY between about 0.49 and 0.557, no value brings
 every row within 18% (0.53 is the best, +-19%), and calibrating it instead by running this
 model on the Table 2 run (about 0.60) would put the 1.7 B and 3.6 B rows at +34% and +26%.
-Not yet taught in a notebook: it checks the model that `notebooks/12_scalability.ipynb`
+Taught in `notebooks/16_capstone.ipynb`: it checks the model that `notebooks/12_scalability.ipynb`
 builds for data parallelism, extended to every axis.
 """
 from __future__ import annotations

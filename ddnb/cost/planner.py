@@ -22,7 +22,7 @@ Ranking: the layouts that fit by step time (then memory, then the layout's field
 the order is the same on every run), then those that do not fit by memory, then those that
 cannot run, in the order they were enumerated. Expert parallelism (ep) needs a
 mixture-of-experts model, which these dense shapes are not: it is not enumerated.
-Not yet taught in a notebook: it ranks what `notebooks/11_memory_sharding.ipynb` and
+Taught in `notebooks/16_capstone.ipynb`: it ranks what `notebooks/11_memory_sharding.ipynb` and
 `notebooks/12_scalability.ipynb` compute one layout at a time.
 """
 from __future__ import annotations

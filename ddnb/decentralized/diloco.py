@@ -25,7 +25,7 @@ tau = 0 the fragment is replaced); the deltas may travel in bfloat16 (Sec. 2.4 q
 Every exchange is an all-reduce of the traced layer (`ddnb.collectives.traced`): in an emulated
 cluster its bytes are those of the ring's real messages (counted by the emulator) and its time
 their alpha + n/B on the profile's link; in real mode bytes_sent counts the tensors handed to
-it. The task is `ddnb.decentralized.markov`. Taught in `notebooks/16_capstone.ipynb`.
+it. The task is `ddnb.decentralized.markov`. Taught in `notebooks/16b_slow_link.ipynb`.
 """
 from __future__ import annotations
 

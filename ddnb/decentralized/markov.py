@@ -18,7 +18,7 @@ has a few likely successors; a sequence starts from the stationary distribution 
 that predicts the uniform distribution scores log V. The model sees one token and predicts
 the next (a bigram model is exactly enough), so a few hundred AdamW steps on a CPU bring the
 loss most of the way from log V to H. Used by `ddnb.decentralized.diloco` (DiLoCo, streaming
-DiLoCo and their DDP baseline) and taught in `notebooks/16_capstone.ipynb`.
+DiLoCo and their DDP baseline) and taught in `notebooks/16b_slow_link.ipynb`.
 """
 from __future__ import annotations
 

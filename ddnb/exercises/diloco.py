@@ -8,7 +8,7 @@ for two outer steps in a row (the second one reads the momentum the first one le
 ranks may all-reduce (that is how the deltas are averaged); ddnb's own outer step
 (`ddnb.decentralized.diloco.outer_step`, `nesterov_step`) is refused, by name in the
 learner's code and on the ranks while it runs (`ddnb.exercises.guard`).
-Taught in `notebooks/16_capstone.ipynb`.
+Taught in `notebooks/16b_slow_link.ipynb`.
 
     check_outer_step(my_outer_step)   # my_outer_step(local_params, global_params, momentum_buffers, lr, momentum)
 """

@@ -7,9 +7,8 @@ against one process on the same global batch.
     train.py    train_4d on a ProcessGrid, train_reference (one process), shard_gpt
 
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
-Using Megatron-LM", Sec. 2.3 and 3. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
-written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
-`notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
+Using Megatron-LM", Sec. 2.3 and 3. Taught in
+`notebooks/16_capstone.ipynb` (it combines chapters 09, 10, 11 and 13).
 """
 from ddnb.grid4d.layout import Layout, factorizations, feasible_layouts
 from ddnb.grid4d.train import shard_gpt, stage_boundaries, train_4d, train_reference

@@ -23,9 +23,8 @@ ZeRO-3 each micro-batch's forward and backward all-gather the parameters again, 
 the traffic of pp = 1 (`ddnb.cost.layout` prices it the same way). That traffic is why
 DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3; at this size it costs little.
 `Layout.from_plan` reads a row of `ddnb.cost.planner.plan` (or its `Layout`), so the
-planner's top layouts can be trained. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
-written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
-`notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
+planner's top layouts can be trained. Taught in
+`notebooks/16_capstone.ipynb` (it combines chapters 09, 10, 11 and 13).
 """
 from __future__ import annotations
 

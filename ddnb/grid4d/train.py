@@ -31,9 +31,8 @@ Rank (dp, pp, tp, cp) of the grid:
      Rajbhandari et al. 2020), which reduce-scatter, step a shard and all-gather.
 The step's loss is the global batch's lm_loss: one all-reduce over the world sums the
 last stage's shares (each of its tp ranks holds the same one), so every rank returns
-the same list. Not yet taught: the capstone notebook (notebooks/16_capstone, to be
-written) will; it combines `notebooks/09_pipeline_parallelism.ipynb`, `notebooks/10_tensor_parallelism.ipynb`,
-`notebooks/11_memory_sharding.ipynb` and `notebooks/13_sequence_context_expert.ipynb`.
+the same list. Taught in
+`notebooks/16_capstone.ipynb` (it combines chapters 09, 10, 11 and 13).
 """
 from __future__ import annotations
 
@@ -120,7 +119,7 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
     scale visible, which Adam's g/√v hides. Returns {"losses": the global-batch loss per
     step, the same on every rank, "step_times": this rank's seconds per step, from a
     barrier that aligns the ranks (their emulated clocks, in an emulated cluster) to its
-    optimizer step, "stage": this rank's PipelineStage, "optimizer": the ZeRO wrapper or
+    optimizer step, "step_starts": when each began (`ddnb.trace.now()`), "stage": this rank's PipelineStage, "optimizer": the ZeRO wrapper or
     torch's optimizer}."""
     layout.validate(config, grid.world_size, batch_size)                # before any collective
     if optimizer not in ("adam", "sgd") or (optimizer == "sgd" and layout.zero):
@@ -141,7 +140,7 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
         opt = ZERO[layout.zero](stage.module, lr=lr, group=grad_group, tracer=tracer)
     else:
         opt = _optimizer(stage.module.parameters(), optimizer, lr)
-    tp_group, losses, step_times = grid.group("tp"), [], []
+    tp_group, losses, step_times, step_starts = grid.group("tp"), [], [], []
     for idx, targets in synthetic_task(config, batch_size=batch_size, steps=steps, seed=seed):   # (B, S) each
         scored = int((targets != IGNORE).sum())                          # N: the global batch's
         scale = g * m / scored                                           # PipelineStage divides by m
@@ -152,6 +151,7 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
         mine = (slice(me.dp * rows, (me.dp + 1) * rows), slice(me.cp * cols, (me.cp + 1) * cols))
         traced.barrier()                                                 # the step starts together
         start = now()
+        step_starts.append(start)
         opt.zero_grad()
         result = run_schedule(stage, schedule, inputs=idx[mine], targets=targets[mine], loss_fn=loss_fn)
         if layout.zero:
@@ -164,4 +164,5 @@ def train_4d(grid, config: GPTConfig, layout: Layout, steps: int = 3, batch_size
         with uncounted():                     # reporting the loss is not part of the step
             dist.all_reduce(total)            # Σ over the last stage's tp·dp·cp ranks: tp·G x the loss, on all
         losses.append(total.item() / (layout.tp * g))
-    return {"losses": losses, "step_times": step_times, "stage": stage, "optimizer": opt}
+    return {"losses": losses, "step_times": step_times, "step_starts": step_starts, "stage": stage,
+            "optimizer": opt}

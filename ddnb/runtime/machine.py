@@ -1,6 +1,7 @@
 """This machine's measured costs (`ddnb.runtime.calibrate`), cached per host and boot:
 read here, measured there (as its own program, since measuring starts processes). Used
-by `ddnb.runtime.placement.default_slowdown`.
+by `ddnb.runtime.placement.default_slowdown`, the slowdown of the emulated clusters that
+`notebooks/12_scalability.ipynb` teaches.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Solutions of `ddnb.exercises.diloco`, taught in `notebooks/16_capstone.ipynb`."""
+"""Solutions of `ddnb.exercises.diloco`, taught in `notebooks/16b_slow_link.ipynb`."""
 from __future__ import annotations
 
 import torch.distributed as dist
