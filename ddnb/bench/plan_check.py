@@ -116,6 +116,7 @@ def plan_check(workers: int = 16, profile="ib", top: int = 8, low: int = 4, step
     from ddnb._checks import Checks
     from ddnb.cost.planner import plan
     from ddnb.emulate import get_profile, overruns, summary as emulation_summary
+    from ddnb.grid4d import Layout
     from ddnb.runtime.placement import default_slowdown
     from ddnb.testing import World
 
@@ -131,7 +132,6 @@ def plan_check(workers: int = 16, profile="ib", top: int = 8, low: int = 4, step
     planned = plan(config, prof, workers, memory_per_worker=80e9, global_batch=batch_size, precision="fp32",
                    chunks=(1,), checkpointing=(False,), microbatch_sizes=(1, 2, 4, 8))
     chosen = choose(planned, config, workers, batch_size, top, low)
-    from ddnb.grid4d import Layout
     layouts = [vars(Layout.from_plan(r, batch_size)) for _, r in chosen]
     with World(workers, timeout=timeout, emulate=prof) as world:
         measured = world.run(rank_measure, config, layouts, batch_size, steps)[0]
