@@ -15,6 +15,7 @@ from IPython.display import display
 
 from ddnb.cost.memory_model import OPTIMIZERS, PRECISIONS, training_memory
 from ddnb.viz.memory import plot_memory
+from ddnb.viz.controls import set_controls
 from ddnb.viz.png import figure_png
 
 GB = 1e9   # device memory is sold in decimal gigabytes: an "80 GB" device holds about 80e9 bytes
@@ -81,19 +82,8 @@ class MemoryCalculator:
     def update(self, **values) -> dict | None:
         """Set any controls given, recompute and redraw. Returns the memory dict, or None
         when the sizes are rejected (the reason is in `self.status.value`)."""
-        unknown = sorted(set(values) - set(self.controls))
-        if unknown:
-            self.status.value = f"unknown controls {unknown}; known: {list(self.controls)}"
+        if not set_controls(self, values):
             return None
-        self._setting = True                    # set all the values, then compute once
-        try:
-            for k, v in values.items():
-                self.controls[k].value = v
-        except Exception as e:  # noqa: BLE001 - a value the control refuses (a trait error)
-            self.status.value = f"{type(e).__name__}: {e}"
-            return None
-        finally:
-            self._setting = False
         v = self.values()
         budget = v.pop("budget_gb")
         try:

@@ -14,6 +14,7 @@ from IPython.display import display
 from ddnb.cost.layout import PARTS
 from ddnb.cost.planner import best, plan, plan_table
 from ddnb.emulate.profile import PROFILES
+from ddnb.viz.controls import set_controls
 from ddnb.viz.png import figure_png
 
 COLORS = {"compute": "tab:blue", "bubble": "tab:gray", "tp_comm": "tab:orange", "cp_comm": "tab:purple",
@@ -99,19 +100,8 @@ class PlanExplorer:
     def update(self, **values) -> list[dict] | None:
         """Set any controls given, re-plan and redraw. Returns the plan's rows, or None when
         the inputs are rejected (the planner's message is in `self.status.value`)."""
-        unknown = sorted(set(values) - set(self.controls))
-        if unknown:
-            self.status.value = f"unknown controls {unknown}; known: {list(self.controls)}"
+        if not set_controls(self, values):
             return None
-        self._setting = True                    # set all the values, then plan once
-        try:
-            for k, v in values.items():
-                self.controls[k].value = v
-        except Exception as e:  # noqa: BLE001 - a value the control refuses (a trait error)
-            self.status.value = f"{type(e).__name__}: {e}"
-            return None
-        finally:
-            self._setting = False
         v = self.values()
         model = {k: v[k] for k in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len")}
         try:
