@@ -87,10 +87,46 @@ def test_step_time_is_the_sum_of_its_parts_by_hand():
     assert ck["tp_comm"] == pytest.approx(t["tp_comm"] * 6 / 4) and ck["compute"] > t["compute"]
 
 
-def test_zero3_gathers_again_at_every_microbatch():
-    z0 = layout_step_time(SHAPE, Layout(dp=4, zero=0), FLAT, global_batch=16)
-    z3 = layout_step_time(SHAPE, Layout(dp=4, zero=3), FLAT, global_batch=16)
-    assert z3["dp_comm"] == pytest.approx(z0["dp_comm"] * 1.5 * 4)   # 1.5x the bytes, m = 4 times
+def test_zero_runs_each_units_collectives_as_often_as_ddnbs_zero():
+    """Per unit (8 blocks + embedding + head), a reduce-scatter or an all-gather is one ring
+    phase: (N-1) alpha + (N-1)/N · unit bytes / B. Stage 1: one of each a step; stage 2: a
+    reduce-scatter every micro-batch; stage 3: also two all-gathers every micro-batch."""
+    from ddnb.cost.layout import stage_params, zero_collectives, zero_units
+
+    n, m, units = 4, 4, zero_units(model_shape(SHAPE), 1)
+    assert units == 10
+    psi = stage_params(model_shape(SHAPE), 1)
+    phase = (n - 1) * 1e-6 + (n - 1) / n * 2 * psi / units / 100e9        # 2-byte units, intra ring
+    z0 = layout_step_time(SHAPE, Layout(dp=n, zero=0), FLAT, global_batch=16)
+    assert z0["dp_comm"] == pytest.approx(allreduce_time("ring", 2 * psi, n, 1e-6, 1 / 100e9))
+    for stage, collectives in ((1, 2 * units), (2, (m + 1) * units), (3, 3 * m * units)):
+        count = zero_collectives(stage, units, m)
+        assert count["reduce_scatter"] + count["all_gather"] == collectives
+        z = layout_step_time(SHAPE, Layout(dp=n, zero=stage), FLAT, global_batch=16)
+        assert z["dp_comm"] == pytest.approx(collectives * phase)
+    # the same bytes as one all-reduce for stage 1 (chapter 11: ZeRO-1 costs no extra traffic),
+    # 2(N-1)·units latencies instead of 2(N-1)
+    z1 = layout_step_time(SHAPE, Layout(dp=n, zero=1), FLAT, global_batch=16)["dp_comm"]
+    assert z1 - z0["dp_comm"] == pytest.approx(2 * (n - 1) * (units - 1) * 1e-6)
+
+
+def test_allreduce_across_hosts_hierarchical_or_one_flat_ring():
+    """dp 8 on two hosts of 4: NCCL's two levels, or ddnb's flat ring, whose 2(N-1) steps each
+    wait for the inter link."""
+    from ddnb.cost.layout import stage_params
+    from ddnb.cost.scaling import hierarchical_allreduce_time
+
+    psi = stage_params(model_shape(SHAPE), 1)
+    lay = Layout(dp=8)
+    hier = layout_step_time(SHAPE, lay, FLAT, global_batch=16)["dp_comm"]
+    ring = layout_step_time(SHAPE, lay, FLAT, global_batch=16, allreduce="ring")["dp_comm"]
+    assert hier == pytest.approx(hierarchical_allreduce_time(2 * psi, 8, 4, FLAT.intra, FLAT.inter))
+    assert ring == pytest.approx(allreduce_time("ring", 2 * psi, 8, 1e-5, 1 / 10e9))
+    assert ring > hier
+    with pytest.raises(ValueError, match="allreduce='tree'"):
+        layout_step_time(SHAPE, lay, FLAT, global_batch=16, allreduce="tree")
+    with pytest.raises(ValueError, match="allreduce='tree'"):
+        plan(SHAPE, FLAT, 8, 80e9, 16, allreduce="tree")
 
 
 def test_layout_flops_is_megatron_eq3():

@@ -45,6 +45,30 @@ def test_a_small_emulated_check_measures_every_layout_without_overruns():
     assert -1 <= summary["spearman"] <= 1
     assert summary["spearman"] == pytest.approx(spearman([r["predicted_step"] for r in rows],
                                                          [r["measured_step"] for r in rows]))
+    top = [r for r in rows if r["predicted_rank"] <= 3]
+    assert summary["top"] == 3 and summary["allreduce"] == "ring"
+    assert summary["spearman_top"] == pytest.approx(spearman([r["predicted_step"] for r in top],
+                                                             [r["measured_step"] for r in top]), nan_ok=True)
+
+
+@pytest.mark.parametrize("zero, pp", [(1, 1), (2, 1), (3, 1), (1, 2)])
+def test_the_model_counts_the_collectives_zero_runs(zero, pp):
+    """The planner's ZeRO traffic is the implementation's: as many reduce-scatters and
+    all-gathers per step as a traced run of train_4d calls (rank 0, the last step)."""
+    from collections import Counter
+
+    from ddnb.bench.plan_check import grid_check
+    from ddnb.cost.layout import model_shape, zero_collectives, zero_units
+    from ddnb.grid4d import Layout
+    from ddnb.testing import World
+
+    lay = Layout(dp=4 // pp, pp=pp, zero=zero, microbatches=2)
+    with World(4, timeout=60) as world:
+        row = grid_check(world, [lay])[0]
+    counted = Counter(name.split()[0] for name in row["collectives"])
+    expected = zero_collectives(zero, zero_units(model_shape(CHECK_MODEL), pp), 2)
+    assert {k: counted[k] for k in expected} == expected
+    assert row["max_loss_diff"] < 1e-4
 
 
 @pytest.mark.parametrize("args, message", [

@@ -67,6 +67,10 @@ def add_parser(sub) -> None:
                                                                "(its third quarter) to run too (default 4)")
     p.add_argument("--steps", type=_at_least(2), default=2, help="with --emulate: steps per layout, the last "
                                                                  "one measured (default 2)")
+    p.add_argument("--allreduce", choices=("hierarchical", "ring"),
+                   help="how the model prices data-parallel collectives across hosts: NCCL's two levels "
+                        "(default without --emulate) or one flat ring, what the emulated cluster runs "
+                        "(default with --emulate)")
     add_emulate_arguments(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(run=run, parser=p)
@@ -96,7 +100,7 @@ def run(parser, args) -> int:
 
     try:
         rows = plan(args.model, args.profile, args.workers, args.memory, args.batch,
-                    microbatch_sizes=tuple(args.microbatch_sizes))
+                    microbatch_sizes=tuple(args.microbatch_sizes), allreduce=args.allreduce or "hierarchical")
     except ValueError as e:
         parser.error(str(e))
     print(json.dumps(rows, indent=1) if args.json else plan_table(rows, top=args.top or 10))
@@ -113,7 +117,8 @@ def _run_emulated(parser, args) -> int:
     from ddnb.bench.plan_check import plan_check, plan_check_table
 
     profile = emulated(parser, args, args.workers)
-    rows, summary = plan_check(args.workers, profile, top=args.top or 8, low=args.low, steps=args.steps)
+    rows, summary = plan_check(args.workers, profile, top=args.top or 8, low=args.low, steps=args.steps,
+                               allreduce=args.allreduce or "ring")
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=1))
     else:

@@ -41,10 +41,14 @@ and the step adds, for the whole batch,
              and one backward in each of the schedule's v·m + p - 1 slots; across hosts each tp
              rank sends 1/tp on its own NIC, then an all-gather over the intra link (the
              paper's scatter/gather, Sec. 4.1)
-    dp_comm  the worker's gradients all-reduced over dp·cp ranks (`hierarchical_allreduce_time`
-             when they span hosts), ZeRO 1-2 the same time (a reduce-scatter and an all-gather);
-             ZeRO-3 1.5x that (`zero_comm_bytes`) at every micro-batch (parameters gathered
-             again for each)
+    dp_comm  the worker's gradients all-reduced over dp·cp ranks in one flat buffer
+             (`hierarchical_allreduce_time` when they span hosts, or one flat ring at the inter
+             link's speed with allreduce="ring"); ZeRO runs per unit (a block, the embedding,
+             the head: `zero_units`) a reduce-scatter and an all-gather, each half a ring
+             all-reduce of the unit, as often as `zero_collectives` counts: stage 1 once a step,
+             stage 2 a reduce-scatter every micro-batch, stage 3 also two all-gathers every
+             micro-batch. Same bytes as `zero_comm_bytes` for stages 1 and 3 at m = 1; many more
+             latencies (each unit's ring has its own 2(N-1) steps)
 A profile with `shared_nic` gives each rank 1/ranks_per_host of the inter link (all the
 host's ranks send at once). Overlap assumptions: none. Every part is on the critical path,
 as in Megatron-LM 2021 (blocking tensor-parallel all-reduces and stage sends, the gradient
@@ -245,25 +249,51 @@ def _inter(profile):
     return Link(profile.inter.alpha, profile.inter.bandwidth / profile.ranks_per_host, profile.inter.name)
 
 
-def _group_allreduce(nbytes: float, size: int, stride: int, profile) -> float:
+ALLREDUCE = ("hierarchical", "ring")
+
+
+def _group_allreduce(nbytes: float, size: int, stride: int, profile, algorithm: str = "hierarchical") -> float:
     """A ring all-reduce over `size` ranks `stride` apart: on the intra link when they share a
-    host, hierarchical when whole hosts' worth span several, else a ring on the inter link."""
+    host; across hosts hierarchical (algorithm "hierarchical", NCCL's two levels) when whole
+    hosts' worth span several, else one flat ring whose every step waits for its slowest hop,
+    the inter link (algorithm "ring": what ddnb's ring and the emulated cluster run)."""
     if size == 1 or nbytes == 0:
         return 0.0
     per_host = max(1, min(size, profile.ranks_per_host // stride))
     if per_host == size:
         return allreduce_time("ring", nbytes, size, profile.intra.alpha, profile.intra.beta)
-    if per_host > 1 and size % per_host == 0:
+    if algorithm == "hierarchical" and per_host > 1 and size % per_host == 0:
         return hierarchical_allreduce_time(nbytes, size, per_host, profile.intra, _inter(profile))
     return allreduce_time("ring", nbytes, size, profile.inter.alpha, _inter(profile).beta)
 
 
+def zero_units(shape: dict, pp: int) -> int:
+    """Units ZeRO lays out flat on one stage, each reduce-scattered and all-gathered on its
+    own: one per block, plus the embedding (first stage) and the head (last stage); the
+    layer-by-layer wrapping of ddnb's ZeRO (`ddnb.sharding.flat.default_units`) and of FSDP."""
+    return shape["n_layers"] // pp + (2 if pp == 1 else 1)
+
+
+def zero_collectives(stage: int, units: int, microbatches: int) -> dict:
+    """{"reduce_scatter": n, "all_gather": n} that ZeRO `stage` runs per step with `units`
+    units and m `microbatches` (Rajbhandari et al. 2020, Sec. 5; the counts of ddnb.sharding):
+    stage 1 one of each per unit at the step; stage 2 a reduce-scatter per unit in every
+    micro-batch's backward (as DeepSpeed's stage 2 at each micro-step) and the all-gather at
+    the step; stage 3 per micro-batch a reduce-scatter and two all-gathers (forward, backward)."""
+    m, u = microbatches, units
+    return {1: {"reduce_scatter": u, "all_gather": u}, 2: {"reduce_scatter": m * u, "all_gather": u},
+            3: {"reduce_scatter": m * u, "all_gather": 2 * m * u}}[stage]
+
+
 def layout_step_time(shape, layout: Layout, profile, global_batch: int, precision: str = "mixed",
-                     optimizer: str = "adam", tied_embeddings: bool = True) -> dict:
+                     optimizer: str = "adam", tied_embeddings: bool = True, allreduce: str = "hierarchical") -> dict:
     """Predicted seconds of one step of `layout` on `profile` (a ddnb.emulate Profile or its
     name): {"step_time", "compute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm"}, each
-    part as the module docstring states it (no overlap)."""
+    part as the module docstring states it (no overlap). `allreduce`: how the dp·cp group's
+    collectives cross hosts, "hierarchical" (NCCL's) or "ring" (one flat ring, ddnb's)."""
     prof = get_profile(profile)
+    if allreduce not in ALLREDUCE:
+        raise ValueError(f"layout_step_time: allreduce={allreduce!r}: need one of {list(ALLREDUCE)}")
     shape = _check("layout_step_time", shape, layout, global_batch, precision, optimizer, prof.ranks_per_host)
     lay, m = layout, layout.microbatches(global_batch)
     L, d, V, T = (shape[k] for k in ("n_layers", "d_model", "vocab_size", "seq_len"))
@@ -301,9 +331,13 @@ def layout_step_time(shape, layout: Layout, profile, global_batch: int, precisio
     parts["pp_comm"] = pp
     psi = stage_params(shape, lay.pp, "first", tied_embeddings) / lay.tp
     group = lay.dp * lay.cp
-    dp = _group_allreduce(psi * g_b, group, lay.tp, prof)
-    if lay.zero == 3 and group > 1:
-        dp *= m * zero_comm_bytes(psi, group, 3, p_b, g_b) / zero_comm_bytes(psi, group, 0, p_b, g_b)
+    if lay.zero == 0:
+        dp = _group_allreduce(psi * g_b, group, lay.tp, prof, allreduce)     # one flat buffer
+    else:                        # per unit: a reduce-scatter or an all-gather is half an all-reduce
+        units = zero_units(shape, lay.pp)
+        count = zero_collectives(lay.zero, units, m)
+        dp = (count["reduce_scatter"] * _group_allreduce(psi * g_b / units, group, lay.tp, prof, allreduce)
+              + count["all_gather"] * _group_allreduce(psi * p_b / units, group, lay.tp, prof, allreduce)) / 2
     parts["dp_comm"] = dp
     parts = {k: parts[k] for k in PARTS}
     return {"step_time": sum(parts.values()), **parts}

@@ -28,7 +28,7 @@ Taught in `notebooks/16_capstone.ipynb`: it ranks what `notebooks/11_memory_shar
 from __future__ import annotations
 
 from ddnb._checks import Checks
-from ddnb.cost.layout import PARTS, Layout, layout_memory, layout_problems, layout_step_time, model_shape
+from ddnb.cost.layout import ALLREDUCE, PARTS, Layout, layout_memory, layout_problems, layout_step_time, model_shape
 from ddnb.cost.memory_model import OPTIMIZERS, PRECISIONS
 from ddnb.cost.zero import STAGES
 from ddnb.emulate.profile import get_profile
@@ -69,7 +69,7 @@ def _options(check: Checks, name: str, values, allowed=None, **bounds) -> None:
 def plan(model, profile, workers: int, memory_per_worker: float, global_batch: int, *, precision: str = "mixed",
          optimizer: str = "adam", zero_stages=STAGES, checkpointing=(False, True), microbatch_sizes=(1, 2, 4, 8),
          chunks=(1,), context_parallel: bool = True, dropout: bool = True,
-         tied_embeddings: bool = True) -> list[dict]:
+         tied_embeddings: bool = True, allreduce: str = "hierarchical") -> list[dict]:
     """Every layout of `model` (a GPTConfig or a dict of n_layers, d_model, n_heads, vocab,
     seq_len) on `workers` workers of `profile` (a ddnb.emulate Profile or its name), each
     with `memory_per_worker` bytes, training `global_batch` sequences a step; ranked as the
@@ -78,7 +78,9 @@ def plan(model, profile, workers: int, memory_per_worker: float, global_batch: i
     fullest worker, None if it cannot run), "memory_parts", "fits", "step_time" (seconds,
     predicted), "parts" ({compute, bubble, tp_comm, cp_comm, pp_comm, dp_comm}), "reason"
     (None for a layout that fits, else why it was dropped). The profile's peak_flops is
-    taken as the rate of `precision` (the named profiles are float32 peaks)."""
+    taken as the rate of `precision` (the named profiles are float32 peaks). `allreduce`:
+    how the data-parallel collectives cross hosts ("hierarchical", NCCL's two levels, or
+    "ring", one flat ring: ddnb's, which the emulated cluster runs)."""
     with Checks("plan") as check:
         try:
             shape = model_shape(model)
@@ -93,6 +95,7 @@ def plan(model, profile, workers: int, memory_per_worker: float, global_batch: i
         check.integer("global_batch", global_batch, min=1)
         check.choice("precision", precision, PRECISIONS)
         check.choice("optimizer", optimizer, OPTIMIZERS)
+        check.choice("allreduce", allreduce, ALLREDUCE)
         _options(check, "zero_stages", zero_stages, allowed=STAGES)
         _options(check, "checkpointing", checkpointing, allowed=(False, True))
         _options(check, "microbatch_sizes", microbatch_sizes, min=1)
@@ -117,7 +120,7 @@ def plan(model, profile, workers: int, memory_per_worker: float, global_batch: i
             cannot.append(row)
             continue
         memory = layout_memory(shape, lay, global_batch, precision, optimizer, dropout, tied_embeddings)
-        time = layout_step_time(shape, lay, prof, global_batch, precision, optimizer, tied_embeddings)
+        time = layout_step_time(shape, lay, prof, global_batch, precision, optimizer, tied_embeddings, allreduce)
         row.update(microbatches=lay.microbatches(global_batch), memory=memory["total"], memory_parts=memory,
                    step_time=time["step_time"], parts={k: time[k] for k in PARTS})
         if memory["total"] <= memory_per_worker:
