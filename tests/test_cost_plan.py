@@ -110,6 +110,19 @@ def test_zero_runs_each_units_collectives_as_often_as_ddnbs_zero():
     assert z1 - z0["dp_comm"] == pytest.approx(2 * (n - 1) * (units - 1) * 1e-6)
 
 
+def test_the_textbook_count_is_one_allreduce_a_step():
+    """The planner's first version, kept to show its refutation: ZeRO 1-2 cost one all-reduce,
+    ZeRO-3 1.5x that at every micro-batch; fewer latencies than per-unit collectives."""
+    from ddnb.cost.layout import textbook_dp_comm
+
+    z0 = layout_step_time(SHAPE, Layout(dp=4, zero=0), FLAT, global_batch=16)["dp_comm"]
+    for zero, factor in ((0, 1), (1, 1), (2, 1), (3, 1.5 * 4)):
+        lay = Layout(dp=4, zero=zero)
+        assert textbook_dp_comm(SHAPE, lay, FLAT, 16) == pytest.approx(z0 * factor)
+        if zero:
+            assert textbook_dp_comm(SHAPE, lay, FLAT, 16) < layout_step_time(SHAPE, lay, FLAT, 16)["dp_comm"]
+
+
 def test_allreduce_across_hosts_hierarchical_or_one_flat_ring():
     """dp 8 on two hosts of 4: NCCL's two levels, or ddnb's flat ring, whose 2(N-1) steps each
     wait for the inter link."""

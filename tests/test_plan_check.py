@@ -45,6 +45,8 @@ def test_a_small_emulated_check_measures_every_layout_without_overruns():
     assert -1 <= summary["spearman"] <= 1
     assert summary["spearman"] == pytest.approx(spearman([r["predicted_step"] for r in rows],
                                                          [r["measured_step"] for r in rows]))
+    assert summary["spearman_textbook"] == pytest.approx(spearman([r["textbook_step"] for r in rows],
+                                                                  [r["measured_step"] for r in rows]), nan_ok=True)
     top = [r for r in rows if r["predicted_rank"] <= 3]
     assert summary["top"] == 3 and summary["allreduce"] == "ring"
     assert summary["spearman_top"] == pytest.approx(spearman([r["predicted_step"] for r in top],

@@ -23,6 +23,9 @@ The model prices the data-parallel collectives as the emulated cluster runs them
 (allreduce="ring": one flat ring over the group even across hosts, ddnb's; ZeRO's per unit
 and per micro-batch, `ddnb.cost.layout.zero_collectives`); allreduce="hierarchical" asks
 whether a model of NCCL's two-level all-reduce would rank this cluster's runs as well.
+Each row also carries `textbook_step`, the prediction with ZeRO's traffic priced as one
+all-reduce a step and hierarchical across hosts (`ddnb.cost.layout.textbook_dp_comm`, the
+planner's first version), and the summary its rank correlation, `spearman_textbook`.
 
 Which layouts run: the plan's rows that `train_4d` can run (`Layout.from_plan`, interleaved
 schedules excluded), the first `top` by predicted step and `low` more spread over the
@@ -38,6 +41,7 @@ from ddnb.models import GPTConfig
 # layers, sequence and batch all divide by 2 and 4
 CHECK_MODEL = GPTConfig(vocab_size=64, seq_len=16, d_model=64, n_heads=4, n_layers=4)
 CHECK_BATCH = 16
+PLAN_FIELDS = ("dp", "pp", "tp", "cp", "zero", "checkpointing", "microbatch_size", "chunks")
 
 
 def ranks_of(values) -> list[float]:
@@ -121,6 +125,7 @@ def plan_check(workers: int = 16, profile="ib", top: int = 8, low: int = 4, step
     (a name or a Profile; a name gets this machine's default slowdown for `workers`) with
     `workers` processes, and {spearman, layouts, workers, profile, slowdown, overruns, ...}."""
     from ddnb._checks import Checks
+    from ddnb.cost.layout import Layout as PlanLayout, textbook_dp_comm
     from ddnb.cost.planner import plan
     from ddnb.emulate import get_profile, overruns, summary as emulation_summary
     from ddnb.grid4d import Layout
@@ -144,16 +149,19 @@ def plan_check(workers: int = 16, profile="ib", top: int = 8, low: int = 4, step
         measured = world.run(rank_measure, config, layouts, batch_size, steps)[0]
         emulation = emulation_summary(world.emulation_reports())
     order = ranks_of(measured)
+    textbook = [r["step_time"] - r["parts"]["dp_comm"] + textbook_dp_comm(
+        config, PlanLayout(**{k: r[k] for k in PLAN_FIELDS}), prof, batch_size, precision="fp32") for _, r in chosen]
     rows = []
-    for (rank, r), lay, m, mr in zip(chosen, layouts, measured, order):
+    for (rank, r), lay, m, mr, t in zip(chosen, layouts, measured, order, textbook):
         rows.append({"layout": r["layout"], "predicted_step": r["step_time"], "measured_step": m,
                      "error": r["step_time"] / m - 1, "predicted_rank": rank, "measured_rank": mr,
-                     "parts": r["parts"], "microbatches": lay["microbatches"]})
+                     "parts": r["parts"], "microbatches": lay["microbatches"], "textbook_step": t})
     rho = spearman([r["predicted_step"] for r in rows], measured)
     top_rows = [r for r in rows if r["predicted_rank"] <= top]          # the close contest among the best
     rho_top = spearman([r["predicted_step"] for r in top_rows], [r["measured_step"] for r in top_rows]) \
         if len(top_rows) >= 2 else float("nan")
-    summary = {"spearman": rho, "spearman_top": rho_top, "top": len(top_rows), "layouts": len(rows), "workers": workers, "profile": prof.name, "allreduce": allreduce,
+    summary = {"spearman": rho, "spearman_top": rho_top, "top": len(top_rows),
+               "spearman_textbook": spearman(textbook, measured), "layouts": len(rows), "workers": workers, "profile": prof.name, "allreduce": allreduce,
                "slowdown": prof.slowdown, "overruns": overruns(emulation), "emulation": emulation}
     return rows, summary
 

@@ -343,6 +343,25 @@ def layout_step_time(shape, layout: Layout, profile, global_batch: int, precisio
     return {"step_time": sum(parts.values()), **parts}
 
 
+def textbook_dp_comm(shape, layout: Layout, profile, global_batch: int, precision: str = "mixed",
+                     optimizer: str = "adam", tied_embeddings: bool = True) -> float:
+    """dp_comm as the textbook counts ZeRO's traffic, and as this planner's first version did:
+    one all-reduce's time of the stage's gradients per step for stages 0-2 (Rajbhandari et al.
+    2020, Sec. 7.2.1: a reduce-scatter and an all-gather are one all-reduce's volume), 1.5x
+    that at every micro-batch for stage 3 (`zero_comm_bytes`), hierarchical across hosts.
+    It leaves out the latencies of one collective per unit; chapter 16 shows the emulated
+    cluster refuting it (`ddnb.bench.plan_check`)."""
+    prof = get_profile(profile)
+    shape = _check("textbook_dp_comm", shape, layout, global_batch, precision, optimizer, prof.ranks_per_host)
+    p_b, g_b, _ = state_bytes_per_param(precision, optimizer)
+    psi, group = stage_params(shape, layout.pp, "first", tied_embeddings) / layout.tp, layout.dp * layout.cp
+    dp = _group_allreduce(psi * g_b, group, layout.tp, prof)
+    if layout.zero == 3 and group > 1:
+        dp *= layout.microbatches(global_batch) * zero_comm_bytes(psi, group, 3, p_b, g_b) / zero_comm_bytes(
+            psi, group, 0, p_b, g_b)
+    return dp
+
+
 def achieved_flops(shape, layout: Layout, profile, global_batch: int, **kwargs) -> float:
     """FLOP/s per worker: `layout_flops` / (predicted step time x workers)."""
     step = layout_step_time(shape, layout, profile, global_batch, **kwargs)["step_time"]
