@@ -27,7 +27,9 @@ def test_default_slowdown_is_the_profiles_floor_or_what_the_machine_needs_rounde
     assert default_slowdown(ib, 8, costs=FAST, cores=2) == 500 * 4          # 933 needed < the floor 2000
     slow = dict(FAST, flops=1e9)                                             # 7800 x 4 x 1.5 = 46,800
     assert default_slowdown(ib, 8, costs=slow, cores=2) == 50_000
-    assert default_slowdown(ib, 1, costs=slow, cores=2) == 20_000            # 11,700 rounded up to 2 x 10^4
+    assert default_slowdown(ib, 1, costs=slow, cores=2) == 15_000            # 11,700 rounded up to 1.5 x 10^4
+    quiet_slow = dict(FAST, message_seconds=1.46e-3)                         # 487 x 8 x 1.5 = 5,840
+    assert default_slowdown(ib, 16, costs=quiet_slow, cores=2) == 6_000      # not 10,000
     assert default_slowdown(get_profile("10gbe"), 4, costs={}, cores=2) == 40   # no costs: the floor
 
 

@@ -100,6 +100,9 @@ def scaled_slowdown(slowdown: float, workers: int, cores: int | None = None) -> 
 CALIBRATION_MARGIN = 1.5
 
 
+SLOWDOWN_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)   # per decade: each at most 1.5x the one before
+
+
 def needed_slowdown(profile, costs: dict, workers: int, cores: int | None = None) -> float:
     """The slowdown at which this machine keeps pace with `profile`: the largest ratio of real
     to emulated cost of the work the emulator charges, compute (the profile's FLOP/s x MFU
@@ -116,8 +119,9 @@ def default_slowdown(profile, workers: int, costs: dict | None = None, cores: in
     """The default slowdown of a named profile for `workers` ranks on this machine: the
     larger of the profile's own (set for one worker per core, scaled by workers per core:
     the stored notebooks were checked at it) and what this machine measurably needs
-    (`needed_slowdown`, from `ddnb.runtime.machine.machine_costs()`), rounded up to 1, 2 or 5
-    times a power of ten."""
+    (`needed_slowdown`, from `ddnb.runtime.machine.machine_costs()`), rounded up to 1, 1.5, 2,
+    3, 4, 5, 6 or 8 times a power of ten (steps of at most 1.5x: a coarser 1-2-5 rounding
+    nearly doubled the real time of every emulated run on a machine needing 5,840x)."""
     import math
 
     from ddnb.runtime.machine import machine_costs
@@ -130,4 +134,4 @@ def default_slowdown(profile, workers: int, costs: dict | None = None, cores: in
     if need <= floor:
         return floor
     decade = 10.0 ** math.floor(math.log10(need))
-    return next(m * decade for m in (1, 2, 5, 10) if m * decade >= need)
+    return next(m * decade for m in SLOWDOWN_STEPS if m * decade >= need)
