@@ -161,7 +161,8 @@ def plan_check(workers: int = 16, profile="ib", top: int = 8, low: int = 4, step
     rho_top = spearman([r["predicted_step"] for r in top_rows], [r["measured_step"] for r in top_rows]) \
         if len(top_rows) >= 2 else float("nan")
     summary = {"spearman": rho, "spearman_top": rho_top, "top": len(top_rows),
-               "spearman_textbook": spearman(textbook, measured), "layouts": len(rows), "workers": workers, "profile": prof.name, "allreduce": allreduce,
+               "spearman_textbook": spearman(textbook, measured), "layouts": len(rows), "workers": workers,
+               "profile": prof.name, "allreduce": allreduce,
                "slowdown": prof.slowdown, "overruns": overruns(emulation), "emulation": emulation}
     return rows, summary
 

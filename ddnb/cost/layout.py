@@ -292,8 +292,8 @@ def layout_step_time(shape, layout: Layout, profile, global_batch: int, precisio
     part as the module docstring states it (no overlap). `allreduce`: how the dp·cp group's
     collectives cross hosts, "hierarchical" (NCCL's) or "ring" (one flat ring, ddnb's)."""
     prof = get_profile(profile)
-    if allreduce not in ALLREDUCE:
-        raise ValueError(f"layout_step_time: allreduce={allreduce!r}: need one of {list(ALLREDUCE)}")
+    with Checks("layout_step_time") as check:                  # the one validation helper, as plan's
+        check.choice("allreduce", allreduce, ALLREDUCE)
     shape = _check("layout_step_time", shape, layout, global_batch, precision, optimizer, prof.ranks_per_host)
     lay, m = layout, layout.microbatches(global_batch)
     L, d, V, T = (shape[k] for k in ("n_layers", "d_model", "vocab_size", "seq_len"))
